@@ -1,34 +1,163 @@
-"""Copier context hook: derived names and host facts, computed once per render.
+"""Copier context hook: derived names, host facts, and the checks that run before rendering.
 
-The hook runs on every Jinja render (copier-facts §7), in the prompt and render phases of
-copy and of all three update passes. It must stay cheap, pure and replay-safe: during
-update replays the destination is a bare temporary folder, so host facts come from the
-recorded answers there, never from the folder.
+The hook runs on every Jinja render (copier-facts §7), in the prompt and render phases of a
+copy and of all three update passes, so it only adds cheap values to the context:
+
+- the derived names (`worker_module`, `kind_class`, ...; extensions/naming.py);
+- `_host`: facts about the destination (extensions/hostfacts.py), read by the defaults of
+  the `ask: false` questions and by nothing else, since update replays run in bare folders;
+- `_preflight()`: the one place that refuses a copy. copier.yml calls it from the default
+  of `host_root`, the first `ask: false` question, so it runs in the prompt phase of
+  `copier copy` after the three answers are known and before any file is written. It
+  raises `copier.errors.UserMessageError` (one red line, exit 1, nothing written).
+
+Why a default and not a `validator`: copier turns any exception raised while a validator
+renders into a `ValueError` with a traceback (copier/_user_data.py `validate_answer`),
+while an exception from a default propagates as raised. Why it cannot fire on update:
+every update pass takes `host_root` from the recorded answers (the old replay from its
+`data`, the real pass from the answers file, the new replay from `data` again), so copier
+never renders that default there (copier/_main.py `_ask`). As a second guard `_preflight`
+returns the recorded value in copier's temporary folders (`copier._main.*_copy.*`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from copier.errors import UserMessageError
 from copier_template_extensions import ContextHook
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from naming import derive_names  # noqa: E402
-from hostfacts import discover_host  # noqa: E402
+def _sibling(name: str) -> ModuleType:
+    """Load `extensions/<name>.py` under a name unique to this template checkout.
+
+    An update renders the old and the new template version in one process; a plain
+    `import naming` would give the new version's hook the old version's module.
+    """
+    path = Path(__file__).resolve().with_name(f"{name}.py")
+    digest = hashlib.sha1(str(path.parent).encode()).hexdigest()[:12]
+    key = f"_worker_template_{digest}_{name}"
+    module = sys.modules.get(key)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(key, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+naming = _sibling("naming")
+hostfacts = _sibling("hostfacts")
+patcher = _sibling("patcher")
+
+REPLAY_PREFIX = "copier._main."
+
+
+def _conf(context: dict[str, Any], key: str) -> Any:
+    conf = context.get("_copier_conf")
+    if conf is None:
+        return None
+    try:
+        return conf[key]
+    except (KeyError, TypeError):
+        return getattr(conf, key, None)
+
+
+def destination(context: dict[str, Any]) -> Path:
+    """The destination folder as copier was given it, resolved against the cwd."""
+    return Path(str(_conf(context, "dst_path") or ".")).resolve()
+
+
+def is_replay_folder(path: Path) -> bool:
+    """Copier's temporary old/new copies during `copier update` (copier-facts §5)."""
+    return path.name.startswith(REPLAY_PREFIX) or any(
+        p.name.startswith(REPLAY_PREFIX) for p in path.parents
+    )
+
+
+def preflight(context: dict[str, Any]) -> str:
+    """Check the answers and the host; return the host's package root.
+
+    Raises `UserMessageError` with every problem on one line: an answer that breaks its
+    format or gives a Python keyword, a destination that is not a host root (naming what
+    is missing) or is a worker folder (naming the command to run instead), a worker that
+    already exists (naming the `copier update` command), a kind another worker holds, and
+    a host file missing a structure a fragment needs (extensions/patcher.py `check_host`).
+    """
+    dst = destination(context)
+    recorded = context.get("host_root") or (_conf(context, "data") or {}).get("host_root")
+    if is_replay_folder(dst) or str(context.get("_copier_phase", "prompt")) != "prompt":
+        return str(recorded or "")
+    worker = str(context.get("worker_name") or "")
+    kind = str(context.get("work_kind") or "")
+    lane = str(context.get("lane") or "")
+    problems = naming.answer_problems(worker_name=worker, work_kind=kind, lane=lane)
+    if problems:
+        raise UserMessageError("; ".join(problems))
+    facts = hostfacts.discover_host(dst)
+    if not facts.is_host:
+        host = hostfacts.enclosing_host(dst)
+        if host is not None:
+            src = context.get("_src_path") or _conf(context, "src_path") or "<template>"
+            raise UserMessageError(
+                f"{dst} is inside the host {host}, not its root: the template renders into "
+                f"the host root. Run instead: cd {host} && copier copy --trust {src} . "
+                f"-d worker_name={worker} -d work_kind={kind}"
+                + (f" -d lane={lane}" if lane != "default" else "")
+            )
+        raise UserMessageError(
+            f"{dst} is not a host root: {'; '.join(facts.problems)} "
+            "(see docs/host-contract.md; run copier from the root of the monorepo)"
+        )
+    answers = Path("workers") / worker / hostfacts.ANSWERS_NAME
+    if (dst / answers).is_file():
+        raise UserMessageError(
+            f"worker {worker!r} already exists ({answers}); to bring it to a newer template "
+            f"version run: copier update --trust -a {answers}"
+        )
+    folder = dst / "workers" / worker
+    if folder.exists() and any(folder.iterdir()):
+        raise UserMessageError(
+            f"workers/{worker}/ already exists and was not made by this template "
+            f"(no {answers}); choose another worker_name"
+        )
+    holder = facts.kinds.get(kind)
+    if holder is not None:
+        raise UserMessageError(
+            f"work_kind {kind!r} is already taken ({holder}); each kind has exactly one worker, "
+            "choose another kind"
+        )
+    spec = patcher.Spec(
+        worker_name=worker,
+        work_kind=kind,
+        lane=lane,
+        host_root=facts.root,
+        namespace_absent=facts.namespace_absent,
+    )
+    missing = patcher.check_host(dst, spec)
+    if missing:
+        raise UserMessageError(
+            "the host lacks what the worker's fragments need: " + "; ".join(missing)
+        )
+    return facts.root
 
 
 class ContextUpdater(ContextHook):
-    """Adds `_host` (discovered host facts) and the derived names to the Jinja context."""
+    """Adds the derived names, `_host` and `_preflight` to every render's context."""
 
     def hook(self, context: dict[str, Any]) -> None:
-        conf = context.get("_copier_conf")
-        dst = Path(str(getattr(conf, "dst_path", None) or conf["dst_path"])) if conf else Path(".")
-        context["_host"] = discover_host(dst)
-        names = derive_names(
-            worker_name=str(context.get("worker_name") or ""),
-            work_kind=str(context.get("work_kind") or ""),
+        context.update(
+            naming.derive_names(
+                worker_name=str(context.get("worker_name") or ""),
+                work_kind=str(context.get("work_kind") or ""),
+            )
         )
-        context.update(names)
+        dst = destination(context)
+        context["_host"] = hostfacts.discover_host(dst)
+        context["_preflight"] = lambda: preflight(context)

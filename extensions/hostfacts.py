@@ -1,35 +1,100 @@
-"""Host discovery: what the destination repository holds, read once and cached."""
+"""Host discovery: what the destination repository holds, read once per folder and cached.
+
+The context hook runs more than a hundred times per render (copier-facts §7, §11), so every
+fact is computed once per resolved destination. Nothing here raises for a folder that is not
+a host: callers get the facts and the list of what is missing, and decide.
+
+Only the standard library and PyYAML (a dependency of copier itself) are used.
+"""
 
 from __future__ import annotations
 
 import re
+import tomllib
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
-_REVISION = re.compile(r"^revision\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)['\"]", re.M)
-_DOWN = re.compile(r"^down_revision\s*(?::[^=]+)?=\s*['\"]?([^'\"\n]*)['\"]?", re.M)
+import yaml
+
+_REVISION = re.compile(r"^revision\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
+_DOWN = re.compile(r"^down_revision\s*(?::[^=]+)?=\s*['\"]?([^'\"\n]*)['\"]?", re.MULTILINE)
+_ENUM_CLASS = re.compile(
+    r"^class\s+WorkKind\b[^\n]*:\n((?:[ \t]+[^\n]*\n|[ \t]*\n)*)", re.MULTILINE
+)
+_ENUM_MEMBER = re.compile(r"^[ \t]+([A-Z][A-Z0-9_]*)\s*=", re.MULTILINE)
+
+ANSWERS_NAME = ".copier-answers.yml"
 
 
-@lru_cache(maxsize=16)
-def _discover(dst: str) -> dict[str, Any]:
-    root_dir = Path(dst)
-    candidates = sorted(p.parent.name for p in root_dir.glob("om/src/*/om/__init__.py"))
-    root = candidates[0] if len(candidates) == 1 else ""
-    namespace_absent = not (root and (root_dir / f"om/src/{root}/om/work/__init__.py").exists())
-    return {
-        "is_host": bool(root) and (root_dir / "pyproject.toml").is_file(),
-        "root": root,
-        "roots": candidates,
-        "namespace_absent": namespace_absent,
-        "queue_head": queue_head(root_dir / "om/migrations/versions/queue"),
-    }
+@dataclass(frozen=True)
+class HostFacts:
+    """What one destination folder holds.
+
+    `problems` lists, one sentence each, what keeps the folder from being a host root
+    (empty for a host). `root` is the package root (`acme`) or '' when not exactly one
+    `om/src/<root>/om/__init__.py` exists. `kinds` maps each work kind already in use to
+    who holds it (`workers/<name>` or the kinds module). `workers` maps each worker folder
+    name with an answers file to its recorded answers.
+    """
+
+    path: Path
+    problems: tuple[str, ...]
+    root: str
+    namespace_absent: bool
+    queue_head: str
+    kinds: dict[str, str] = field(default_factory=dict)
+    workers: dict[str, dict[str, object]] = field(default_factory=dict)
+
+    @property
+    def is_host(self) -> bool:
+        return not self.problems
+
+
+def host_problems(path: Path) -> tuple[list[str], str]:
+    """What keeps `path` from being a host root, and the package root when there is one.
+
+    A host root has a `pyproject.toml` with `[tool.uv.workspace]` and exactly one
+    `om/src/<root>/om/__init__.py` (docs/host-contract.md, Workspace).
+    """
+    problems: list[str] = []
+    pyproject = path / "pyproject.toml"
+    if not pyproject.is_file():
+        problems.append("no pyproject.toml")
+    else:
+        try:
+            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            problems.append(f"pyproject.toml does not parse ({exc})")
+        else:
+            if "workspace" not in data.get("tool", {}).get("uv", {}):
+                problems.append("pyproject.toml has no [tool.uv.workspace] table")
+    roots = sorted(p.parent.parent.name for p in path.glob("om/src/*/om/__init__.py"))
+    if not roots:
+        problems.append("no om/src/<root>/om/__init__.py")
+    elif len(roots) > 1:
+        listed = ", ".join(f"om/src/{r}/om/__init__.py" for r in roots)
+        problems.append(f"more than one om package ({listed}); expected exactly one")
+    return problems, roots[0] if len(roots) == 1 else ""
+
+
+def enclosing_host(path: Path) -> Path | None:
+    """The nearest proper ancestor of `path` that is a host root, or None."""
+    for parent in path.resolve().parents:
+        problems, _ = host_problems(parent)
+        if not problems:
+            return parent
+    return None
 
 
 def queue_head(versions: Path) -> str:
-    """The head revision of one alembic history folder, '' when it holds none."""
+    """The single head revision of one alembic history folder, '' when it has none.
+
+    Reads `revision = "..."` and `down_revision = "..."` from each `*.py` in `versions`
+    (the layout of docs/host-contract.md, Migrations); with several heads, ''.
+    """
     revisions: dict[str, str] = {}
-    for path in versions.glob("*.py"):
+    for path in sorted(versions.glob("*.py")):
         text = path.read_text(encoding="utf-8")
         rev = _REVISION.search(text)
         down = _DOWN.search(text)
@@ -40,6 +105,79 @@ def queue_head(versions: Path) -> str:
     return heads[0] if len(heads) == 1 else ""
 
 
-def discover_host(dst: Path) -> dict[str, Any]:
-    """Host facts for the destination (cached per resolved path)."""
-    return dict(_discover(str(dst.resolve())))
+def kinds_in_module(path: Path) -> list[str]:
+    """The member names of `class WorkKind` in one Python file ([] when absent)."""
+    if not path.is_file():
+        return []
+    match = _ENUM_CLASS.search(path.read_text(encoding="utf-8"))
+    return _ENUM_MEMBER.findall(match.group(1)) if match else []
+
+
+def recorded_workers(path: Path) -> dict[str, dict[str, object]]:
+    """`workers/<name>/.copier-answers.yml` of every worker, parsed ({} for unreadable)."""
+    found: dict[str, dict[str, object]] = {}
+    for answers in sorted(path.glob(f"workers/*/{ANSWERS_NAME}")):
+        try:
+            data = yaml.safe_load(answers.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError):
+            data = None
+        found[answers.parent.name] = data if isinstance(data, dict) else {}
+    return found
+
+
+@lru_cache(maxsize=32)
+def _discover(dst: str, fingerprint: tuple[object, ...]) -> HostFacts:
+    del fingerprint  # part of the cache key only
+    path = Path(dst)
+    problems, root = host_problems(path)
+    workers = recorded_workers(path)
+    kinds: dict[str, str] = {}
+    namespace_absent = True
+    if root:
+        work = path / "om" / "src" / root / "om" / "work"
+        namespace_absent = not (work / "__init__.py").is_file()
+        for module in ("types/kinds.py", "types/work_item.py"):
+            for kind in kinds_in_module(work / module):
+                kinds.setdefault(kind, f"om/src/{root}/om/work/{module}")
+    for name, answers in workers.items():
+        kind = answers.get("work_kind")
+        if isinstance(kind, str):
+            kinds[kind] = f"workers/{name}"
+    return HostFacts(
+        path=path,
+        problems=tuple(problems),
+        root=root,
+        namespace_absent=namespace_absent,
+        queue_head=queue_head(path / "om" / "migrations" / "versions" / "queue"),
+        kinds=kinds,
+        workers=workers,
+    )
+
+
+def _fingerprint(path: Path) -> tuple[object, ...]:
+    """Cheap stamp of the files discovery reads, so a changed host is read again."""
+    stamps: list[object] = []
+    for candidate in [
+        path / "pyproject.toml",
+        *path.glob(f"workers/*/{ANSWERS_NAME}"),
+        *path.glob("om/src/*/om/work/types/kinds.py"),
+        *path.glob("om/src/*/om/work/__init__.py"),
+        *path.glob("om/src/*/om/__init__.py"),
+        path / "om" / "migrations" / "versions" / "queue",
+    ]:
+        try:
+            stamps.append((str(candidate), candidate.stat().st_mtime_ns))
+        except OSError:
+            stamps.append((str(candidate), None))
+    return tuple(stamps)
+
+
+def discover_host(dst: Path) -> HostFacts:
+    """Host facts for the destination, cached per resolved path and file stamps."""
+    path = dst.resolve()
+    return _discover(str(path), _fingerprint(path))
+
+
+def forget() -> None:
+    """Drop cached facts (tests render many hosts in one process)."""
+    _discover.cache_clear()

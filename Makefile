@@ -1,0 +1,43 @@
+# worker-template: every command sets up what it needs on a fresh machine.
+#   make demo   render a worker into the reference host and watch it process 200 items
+#   make test   the template's whole test suite (what CI runs)
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+UV := $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
+export UV_CACHE_DIR ?= $(HOME)/.cache/uv
+export UV_LINK_MODE ?= copy
+PYTEST_ARGS ?=
+
+.PHONY: help setup services demo test lint clean
+
+help:
+	@echo "make demo   render shipment-notifier into the reference host and process 200 items"
+	@echo "make test   run the template's whole test suite (sets everything up first)"
+	@echo "make lint   ruff over the template's own Python"
+	@echo "make clean  remove scratch renders (.demo/, .cache/)"
+
+## Install uv (from PyPI) when missing, the template's locked tooling, and warm the uv
+## cache with every package a rendered host needs, so renders sync offline afterwards.
+setup:
+	@command -v uv >/dev/null 2>&1 || $(PYTHON) -m uv --version >/dev/null 2>&1 \
+		|| $(PYTHON) -m pip install --quiet --disable-pip-version-check uv
+	@$(UV) sync --locked --quiet
+	@cd tests/fixtures/reference-host && UV_PROJECT_ENVIRONMENT=$(CURDIR)/.cache/warm-venv \
+		$(UV) sync --locked --all-packages --quiet
+
+services:
+	@bash scripts/services.sh
+
+demo: setup
+	@$(UV) run --locked --quiet python scripts/demo.py $(DEMO_ARGS)
+
+test: setup services
+	@$(UV) run --locked --quiet pytest $(PYTEST_ARGS)
+
+lint: setup
+	@$(UV) run --locked ruff check extensions tests scripts
+	@$(UV) run --locked ruff format --check extensions tests scripts
+
+clean:
+	rm -rf .demo .cache

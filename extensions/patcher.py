@@ -1,0 +1,973 @@
+"""The host patcher: the seed's "Changed" rows as idempotent, structural fragments.
+
+Run by copier as a task in the destination (copier.yml `_tasks`):
+
+    python <template>/extensions/patcher.py --operation copy --answers-file workers/<name>/.copier-answers.yml
+
+It reads the worker's recorded answers, then edits the host files many workers share
+(seed 000, Changed; docs/host-contract.md): libcst for Python, tomlkit for TOML, and text
+between explicit markers for shell, env and Markdown. Each fragment first looks for its
+own edit and changes nothing when it is there, so applying twice is byte-identical.
+
+`check_host(host, spec)` is the precondition check the context hook runs in the prompt
+phase of `copier copy`, before any file is written: it names every host file and part a
+fragment needs and cannot find. The patcher never runs `uv` or anything network-bound; the
+user runs `uv sync` afterwards.
+
+Update replays (copier-facts §5: tasks run in two bare temporary copies, too) are refused
+quietly: the patcher acts only in a folder that is a host root and, on update, a git
+work tree (the replays are not git repositories while tasks run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import importlib.util
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+
+def _sibling(name: str) -> ModuleType:
+    """Load `extensions/<name>.py` under a name unique to this template checkout.
+
+    Copier renders the old and the new template version in one process during an update;
+    a plain `import naming` would hand the new hook the old version's module.
+    """
+    path = Path(__file__).resolve().with_name(f"{name}.py")
+    digest = hashlib.sha1(str(path.parent).encode()).hexdigest()[:12]
+    key = f"_worker_template_{digest}_{name}"
+    module = sys.modules.get(key)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(key, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+naming = _sibling("naming")
+hostfacts = _sibling("hostfacts")
+
+try:
+    import libcst as cst
+    import tomlkit
+except ImportError as exc:  # pragma: no cover - depends on how copier was installed
+    MISSING_DEPS: str | None = exc.name
+else:
+    MISSING_DEPS = None
+    pyedit = _sibling("pyedit")
+
+INSTALL_HINT = (
+    "install copier with the template's extras: "
+    "uv tool install copier --with copier-template-extensions --with jinja2-time "
+    "--with libcst --with tomlkit"
+)
+
+# The worker's settings (template/workers/<name>/src/<root>/workers/<module>/settings.py),
+# field by field with its local value, in declaration order: `.env.example` gets one line
+# each under the worker's prefix. tests/test_patcher.py holds this list to a rendered
+# settings.py, so the two cannot drift.
+WORKER_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("lane", "{lane}"),
+    ("capacity", "4"),
+    ("lease", "30"),
+    ("heartbeat_interval", "5"),
+    ("heartbeat_failure_limit", "3"),
+    ("sweep_interval", "30"),
+    ("retention", "604800"),
+    ("metrics_host", "127.0.0.1"),
+    ("metrics_port", "{metrics_port}"),
+    ("drain_deadline", "20"),
+    ("poll_interval", "2"),
+    ("database_pool_size", "10"),
+    ("release", "dev"),
+)
+# Fields that are not the worker's own variables: `infra` is the shared `<ROOT>_` block.
+SHARED_SETTINGS = frozenset({"infra"})
+# Each worker's local metrics port: the first gets 9100, the next 9101, ..., so every worker
+# scripts/dev.sh starts can serve /metrics beside the others.
+METRICS_PORT_BASE = 9100
+
+# Names the work namespace's templates define (template/{% if namespace_absent %}om...).
+POSTGRES_STORAGE = ("work.storage.impl.postgres", "PostgresWorkStorage")
+SQLITE_STORAGE = ("work.storage.impl.sqlite", "SqliteWorkStorage")
+MEMORY_STORAGE = ("work.storage.impl.memory", "MemoryWorkStorage")
+REQUEST_STAGE = ("claim", "claim_many", "maintenance_contexts")
+
+KINDS_HEADER = (
+    '"""Work kinds, their payload models and policies: one entry per worker (fragments)."""'
+)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What the fragments need: the answers plus the names derived from them."""
+
+    worker_name: str
+    work_kind: str
+    lane: str
+    host_root: str
+    namespace_absent: bool
+    container: bool = False
+    storage_has_claim_many: bool = False
+
+    @classmethod
+    def from_answers(cls, answers: dict[str, Any]) -> Spec:
+        return cls(
+            worker_name=str(answers["worker_name"]),
+            work_kind=str(answers["work_kind"]),
+            lane=str(answers.get("lane") or "default"),
+            host_root=str(answers["host_root"]),
+            namespace_absent=bool(answers.get("namespace_absent")),
+            container=bool(answers.get("container")),
+        )
+
+    @property
+    def names(self) -> dict[str, str]:
+        return naming.derive_names(worker_name=self.worker_name, work_kind=self.work_kind)
+
+    @property
+    def om(self) -> str:
+        return f"om/src/{self.host_root}/om"
+
+    @property
+    def pkg(self) -> str:
+        return f"{self.host_root}.om"
+
+
+class Missing(Exception):
+    """A host file lacks what a fragment needs; str() is `<file>: <what is missing>`."""
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """One Changed row: the file it edits, a check that raises `Missing`, and the edit.
+
+    `apply(host, spec)` returns the new text of the file, or None when the file must be
+    created and `create` is set; `check` runs before rendering and names what is missing.
+    """
+
+    name: str
+    path: Callable[[Spec], str]
+    edit: Callable[[str, Spec, int], str]
+    create: Callable[[Spec], str] | None = None
+
+    def target(self, host: Path, spec: Spec) -> Path:
+        return host / self.path(spec)
+
+    def check(self, host: Path, spec: Spec, limit: int) -> None:
+        path = self.target(host, spec)
+        if not path.is_file():
+            if self.create is not None:
+                return
+            raise Missing(f"{self.path(spec)}: the file does not exist")
+        self.edit(path.read_text(encoding="utf-8"), spec, limit)
+
+    def apply(self, host: Path, spec: Spec, limit: int) -> bool:
+        path = self.target(host, spec)
+        if path.is_file():
+            before = path.read_text(encoding="utf-8")
+            after = self.edit(before, spec, limit)
+        elif self.create is not None:
+            before, after = None, self.edit(self.create(spec), spec, limit)
+        else:
+            raise Missing(f"{self.path(spec)}: the file does not exist")
+        if after == before:
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(after, encoding="utf-8")
+        return True
+
+
+# --- Python helpers ---------------------------------------------------------------------
+
+
+def _parse(text: str, where: str) -> cst.Module:
+    try:
+        return cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        raise Missing(f"{where}: does not parse as Python ({exc.message})") from exc
+
+
+def _class(module: cst.Module, name: str, where: str) -> cst.ClassDef:
+    node = pyedit.find_class(module, name)
+    if node is None:
+        raise Missing(f"{where}: no top-level `class {name}`")
+    return node
+
+
+def _member(name: str, value: str) -> cst.BaseStatement:
+    return pyedit.stmt(f'{name} = "{value}"\n')
+
+
+def _enum_add(module: cst.Module, cls: str, name: str, value: str, where: str) -> cst.Module:
+    node = _class(module, cls, where)
+    if name in pyedit.class_members(node):
+        return module
+    body = pyedit.insert_after_last(
+        node.body.body, _member(name, value), pyedit.is_simple(cst.Assign)
+    )
+    return module.deep_replace(node, node.with_changes(body=node.body.with_changes(body=body)))
+
+
+def _dict_add(module: cst.Module, var: str, key: str, value: str, where: str) -> cst.Module:
+    statement = pyedit.find_assignment(module, var)
+    if statement is None:
+        raise Missing(f"{where}: no top-level `{var} = {{...}}`")
+    node = pyedit.assigned_value(statement)
+    if not isinstance(node, cst.Dict):
+        raise Missing(f"{where}: `{var}` is not a dict literal")
+    new = pyedit.dict_append(node, key, value)
+    if new is node:
+        return module
+    return module.deep_replace(
+        node, pyedit.explode(new) if "\n" not in module.code_for_node(node) else new
+    )
+
+
+def _import(module: cst.Module, from_module: str, name: str, limit: int, where: str) -> cst.Module:
+    try:
+        return pyedit.add_import(module, from_module, name, limit)
+    except pyedit.EditError as exc:
+        raise Missing(f"{where}: {exc}") from exc
+
+
+def _method_style(cls: cst.ClassDef, pattern: str) -> cst.FunctionDef | None:
+    """The last method of `cls` whose name matches `pattern` (to copy its decorators)."""
+    found = None
+    for statement in cls.body.body:
+        if isinstance(statement, cst.FunctionDef) and re.fullmatch(pattern, statement.name.value):
+            found = statement
+    return found
+
+
+def _has_docstring(fn: cst.FunctionDef | None) -> bool:
+    if fn is None or not isinstance(fn.body, cst.IndentedBlock) or not fn.body.body:
+        return False
+    first = fn.body.body[0]
+    return (
+        isinstance(first, cst.SimpleStatementLine)
+        and isinstance(first.body[0], cst.Expr)
+        and isinstance(first.body[0].value, cst.SimpleString)
+    )
+
+
+def _add_method(module: cst.Module, cls: cst.ClassDef, code: str) -> cst.Module:
+    """Append the method `code` (unindented source) to `cls`, one blank line before it."""
+    parsed = cst.parse_module(code).body[0]
+    assert isinstance(parsed, cst.FunctionDef)
+    method = parsed.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
+    body = [*cls.body.body, method]
+    return module.deep_replace(cls, cls.with_changes(body=cls.body.with_changes(body=body)))
+
+
+def _storage_getter(
+    module: cst.Module, cls_name: str, where: str
+) -> tuple[cst.ClassDef, bool, bool]:
+    """The class, whether `get_work_storage` is there, and whether its peers have docstrings."""
+    cls = _class(module, cls_name, where)
+    peer = _method_style(cls, r"get_\w+_storage")
+    if peer is None:
+        raise Missing(f"{where}: `class {cls_name}` has no `get_<namespace>_storage()` method")
+    done = pyedit.find_function(cls.body.body, "get_work_storage") is not None
+    return cls, done, _has_docstring(peer)
+
+
+# --- the fragments ------------------------------------------------------------------------
+
+
+def edit_workspace(text: str, spec: Spec, limit: int) -> str:
+    """Root `pyproject.toml`: `workers/<name>` in `[tool.uv.workspace] members`."""
+    doc = tomlkit.parse(text)
+    try:
+        members = doc["tool"]["uv"]["workspace"]["members"]  # type: ignore[index]
+    except KeyError as exc:
+        raise Missing("pyproject.toml: no `members` array in [tool.uv.workspace]") from exc
+    member = f"workers/{spec.worker_name}"
+    if member in [str(m) for m in members] or "workers/*" in [str(m) for m in members]:
+        return text
+    members.append(member)
+    return tomlkit.dumps(doc)
+
+
+def edit_tenantless(text: str, spec: Spec, limit: int) -> str:
+    """Root `pyproject.toml`: the tenant-less storage methods in CTX-12 (seed, Procedure 4).
+
+    `claim_next`, and `claim_many` when the rendered storage interface declares it.
+    """
+    doc = tomlkit.parse(text)
+    try:
+        tenantless = doc["tool"]["arch-check"]["options"]["CTX-12"]["tenantless"]  # type: ignore[index]
+    except KeyError as exc:
+        raise Missing(
+            "pyproject.toml: no `tenantless` array in [tool.arch-check.options.CTX-12]"
+        ) from exc
+    base = f"{spec.pkg}.work.storage.WorkStorageInterface"
+    methods = [f"{base}.claim_next"]
+    if spec.storage_has_claim_many:
+        methods.append(f"{base}.claim_many")
+    present = [str(m) for m in tenantless]
+    missing = [m for m in methods if m not in present]
+    for method in missing:
+        tenantless.append(method)
+    return tomlkit.dumps(doc) if missing else text
+
+
+def create_kinds(spec: Spec) -> str:
+    """The kinds module as the namespace's first worker leaves it (docs/dev/generated-layout.md)."""
+    names = spec.names
+    kind, payload = spec.work_kind, names["payload_class"]
+    return (
+        f"{KINDS_HEADER}\n\nfrom enum import StrEnum\n\nfrom pydantic import BaseModel\n\n"
+        f"from .payloads.{names['kind_snake']} import {payload}\n"
+        "from .policy import KindPolicy\n\n\n"
+        f'class WorkKind(StrEnum):\n    {kind} = "{kind}"\n\n\n'
+        "WORK_PAYLOADS: dict[WorkKind, type[BaseModel]] = {\n"
+        f"    WorkKind.{kind}: {payload},\n}}\n"
+        "WORK_POLICIES: dict[WorkKind, KindPolicy] = {\n"
+        f"    WorkKind.{kind}: KindPolicy(),\n}}\n"
+    )
+
+
+def edit_kinds(text: str, spec: Spec, limit: int) -> str:
+    """`work/types/kinds.py`: the kind's member, payload import and both map entries."""
+    where = f"{spec.om}/work/types/kinds.py"
+    module = _parse(text, where)
+    names = spec.names
+    kind, payload = spec.work_kind, names["payload_class"]
+    module = _enum_add(module, "WorkKind", kind, kind, where)
+    module = _relative_import(module, f"payloads.{names['kind_snake']}", payload, where)
+    module = _dict_add(module, "WORK_PAYLOADS", f"WorkKind.{kind}", payload, where)
+    module = _dict_add(module, "WORK_POLICIES", f"WorkKind.{kind}", "KindPolicy()", where)
+    return module.code
+
+
+def _relative_import(module: cst.Module, sub: str, name: str, where: str) -> cst.Module:
+    """`from .<sub> import <name>`, sorted among the other one-dot relative imports."""
+    for statement in module.body:
+        node = pyedit._import_of(statement)
+        if (
+            isinstance(node, cst.ImportFrom)
+            and len(node.relative) == 1
+            and pyedit._dotted(node.module) == sub
+            and not isinstance(node.names, cst.ImportStar)
+            and any(pyedit._dotted(a.name) == name for a in node.names)
+        ):
+            return module
+    new = pyedit.stmt(f"from .{sub} import {name}\n")
+    body = list(module.body)
+    relatives = [
+        i
+        for i, s in enumerate(body)
+        if isinstance(node := pyedit._import_of(s), cst.ImportFrom) and len(node.relative) == 1
+    ]
+    if not relatives:
+        raise Missing(
+            f"{where}: no `from .<module> import ...` statement to sort the new import among"
+        )
+    for i in relatives:
+        node = pyedit._import_of(body[i])
+        assert isinstance(node, cst.ImportFrom)
+        if pyedit._dotted(node.module).lower() > sub.lower():
+            body.insert(i, new.with_changes(leading_lines=body[i].leading_lines))
+            body[i + 1] = body[i + 1].with_changes(leading_lines=[])
+            return module.with_changes(body=body)
+    body.insert(relatives[-1] + 1, new)
+    return module.with_changes(body=body)
+
+
+def edit_roles(text: str, spec: Spec, limit: int) -> str:
+    """`storage/roles.py`: `work_items` in the queue role and org-scoped (new namespace)."""
+    where = f"{spec.om}/storage/roles.py"
+    module = _parse(text, where)
+    if "QUEUE" not in pyedit.class_members(_class(module, "DatabaseRole", where)):
+        raise Missing(f"{where}: `class DatabaseRole` has no `QUEUE` member")
+    if "ORG" not in pyedit.class_members(_class(module, "TenancyScope", where)):
+        raise Missing(f"{where}: `class TenancyScope` has no `ORG` member")
+    module = _dict_add(module, "TABLE_ROLES", '"work_items"', "DatabaseRole.QUEUE", where)
+    module = _dict_add(module, "TABLE_SCOPES", '"work_items"', "TenancyScope.ORG", where)
+    return module.code
+
+
+def edit_storage_root(text: str, spec: Spec, limit: int) -> str:
+    """`storage/root.py`: the abstract `get_work_storage()` on `StorageRootInterface`."""
+    where = f"{spec.om}/storage/root.py"
+    module = _parse(text, where)
+    cls, done, documented = _storage_getter(module, "StorageRootInterface", where)
+    if done:
+        return text
+    doc = (
+        '    """The `work` namespace\'s storage: the queue table."""\n'
+        if documented
+        else "    ...\n"
+    )
+    module = _add_method(
+        module, cls, f"@abstractmethod\ndef get_work_storage(self) -> WorkStorageInterface:\n{doc}"
+    )
+    module = _import(module, f"{spec.pkg}.work.storage", "WorkStorageInterface", limit, where)
+    return module.code
+
+
+def edit_sql_root(text: str, spec: Spec, limit: int) -> str:
+    """`storage/impl/sql.py`: the PostgreSQL or SQLite work storage by the funnel's dialect.
+
+    Built once per root (a `cached_property`, as the interface promises one instance per
+    root), placed after the root's other cached storages, and returned by the getter.
+    """
+    where = f"{spec.om}/storage/impl/sql.py"
+    module = _parse(text, where)
+    cls, done, documented = _storage_getter(module, "SqlStorageRoot", where)
+    if "self._funnel" not in module.code_for_node(cls):
+        raise Missing(f"{where}: `class SqlStorageRoot` keeps no `self._funnel`")
+    if done:
+        return text
+    prop = pyedit.stmt(
+        "@cached_property\n"
+        "def _work(self) -> WorkStorageInterface:\n"
+        '    if self._funnel.dialect == "postgresql":\n'
+        f"        return {POSTGRES_STORAGE[1]}(self._funnel)\n"
+        f"    return {SQLITE_STORAGE[1]}(self._funnel)\n"
+    ).with_changes(leading_lines=[cst.EmptyLine(indent=False)])
+    if pyedit.find_function(cls.body.body, "_work") is None:
+        items = list(cls.body.body)
+        cached = [
+            i
+            for i, s in enumerate(items)
+            if isinstance(s, cst.FunctionDef)
+            and any(
+                "cached_property" in cst.Module([]).code_for_node(d.decorator) for d in s.decorators
+            )
+        ]
+        getters = [
+            i
+            for i, s in enumerate(items)
+            if isinstance(s, cst.FunctionDef) and re.fullmatch(r"get_\w+_storage", s.name.value)
+        ]
+        at = cached[-1] + 1 if cached else getters[0]
+        items.insert(at, prop)
+        module = module.deep_replace(cls, cls.with_changes(body=cls.body.with_changes(body=items)))
+        cls = _class(module, "SqlStorageRoot", where)
+    doc = '    """The `work` namespace\'s storage, built for the funnel\'s dialect."""\n'
+    module = _add_method(
+        module,
+        cls,
+        "def get_work_storage(self) -> WorkStorageInterface:\n"
+        + (doc if documented else "")
+        + "    return self._work\n",
+    )
+    module = _import(module, "functools", "cached_property", limit, where)
+    module = _import(module, f"{spec.pkg}.work.storage", "WorkStorageInterface", limit, where)
+    for mod, name in (POSTGRES_STORAGE, SQLITE_STORAGE):
+        module = _import(module, f"{spec.pkg}.{mod}", name, limit, where)
+    return module.code
+
+
+def edit_memory_root(text: str, spec: Spec, limit: int) -> str:
+    """`storage/impl/memory.py`: one memory work storage, kept for the root's lifetime."""
+    where = f"{spec.om}/storage/impl/memory.py"
+    module = _parse(text, where)
+    cls, done, documented = _storage_getter(module, "MemoryStorageRoot", where)
+    init = pyedit.find_function(cls.body.body, "__init__")
+    if init is None or not isinstance(init.body, cst.IndentedBlock):
+        raise Missing(f"{where}: `class MemoryStorageRoot` has no `__init__`")
+    if done:
+        return text
+    keep = pyedit.stmt(f"self._work = {MEMORY_STORAGE[1]}()\n")
+    body = pyedit.insert_after_last(
+        init.body.body,
+        keep,
+        lambda s: pyedit.is_simple(cst.Assign)(s) and "self._" in cst.Module([]).code_for_node(s),
+    )
+    new_init = init.with_changes(body=init.body.with_changes(body=body))
+    cls2 = cls.deep_replace(init, new_init)
+    module = module.deep_replace(cls, cls2)
+    cls2 = _class(module, "MemoryStorageRoot", where)
+    doc = '    """The memory work storage this root keeps."""\n' if documented else ""
+    module = _add_method(
+        module,
+        cls2,
+        f"def get_work_storage(self) -> WorkStorageInterface:\n{doc}    return self._work\n",
+    )
+    module = _import(module, f"{spec.pkg}.work.storage", "WorkStorageInterface", limit, where)
+    module = _import(module, f"{spec.pkg}.{MEMORY_STORAGE[0]}", MEMORY_STORAGE[1], limit, where)
+    return module.code
+
+
+def _call_name(node: cst.CSTNode | None) -> str:
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+        return node.func.value
+    return ""
+
+
+def _assign_of_call(body: list[cst.BaseStatement], callee: str) -> tuple[int, str, cst.Call] | None:
+    for i, statement in enumerate(body):
+        if pyedit.is_simple(cst.Assign)(statement):
+            small = statement.body[0]  # type: ignore[attr-defined]
+            target = small.targets[0].target
+            if _call_name(small.value) == callee and isinstance(target, cst.Name):
+                return i, target.value, small.value
+    return None
+
+
+def edit_om_root(text: str, spec: Spec, limit: int) -> str:
+    """`om/root.py`: the work manager built before the relay, passed to it and to Managers."""
+    where = f"{spec.om}/root.py"
+    module = _parse(text, where)
+    managers = _class(module, "Managers", where)
+    fn = pyedit.find_function(module.body, "build_managers")
+    if fn is None or not isinstance(fn.body, cst.IndentedBlock):
+        raise Missing(f"{where}: no top-level `def build_managers(storage, infra)`")
+    params = [p.name.value for p in fn.params.params]
+    if len(params) < 2:
+        raise Missing(f"{where}: `build_managers` does not take (storage, infra)")
+    storage, infra = params[0], params[1]
+    body = list(fn.body.body)
+    found = {
+        c: _assign_of_call(body, c)
+        for c in ("TenancyManagerImpl", "AuditManagerImpl", "OutboxRelayImpl")
+    }
+    for callee, hit in found.items():
+        if hit is None:
+            raise Missing(f"{where}: `build_managers` has no `<name> = {callee}(...)` assignment")
+    returns = [
+        i
+        for i, s in enumerate(body)
+        if pyedit.is_simple(cst.Return)(s) and _call_name(s.body[0].value) == "Managers"  # type: ignore[attr-defined]
+    ]
+    if not returns:
+        raise Missing(f"{where}: `build_managers` does not end with `return Managers(...)`")
+    # 1. the field
+    if "work" not in pyedit.class_members(managers):
+        field = pyedit.stmt("work: WorkManagerInterface\n")
+        items = list(managers.body.body)
+        at = len(items)
+        last_field = -1
+        for i, s in enumerate(items):
+            if pyedit.is_simple(cst.AnnAssign)(s):
+                if s.body[0].value is not None and at == len(items):  # type: ignore[attr-defined]
+                    at = i  # a defaulted field: ours goes before it
+                last_field = i
+        at = min(at, last_field + 1) if last_field >= 0 else at
+        items.insert(at, field)
+        module = module.deep_replace(
+            managers, managers.with_changes(body=managers.body.with_changes(body=items))
+        )
+        fn = pyedit.find_function(module.body, "build_managers")
+        assert fn is not None and isinstance(fn.body, cst.IndentedBlock)
+        body = list(fn.body.body)
+    # 2. the assignment before the relay
+    if _assign_of_call(body, "WorkManagerImpl") is None:
+        tenancy = found["TenancyManagerImpl"][1]  # type: ignore[index]
+        audit = found["AuditManagerImpl"][1]  # type: ignore[index]
+        args = [
+            f"{storage}.get_work_storage()",
+            f"tenancy={tenancy}",
+            f"audit={audit}",
+            f"topics={infra}.topics",
+        ]
+        one = f"work = WorkManagerImpl({', '.join(args)})"
+        code = (
+            one
+            if len(one) + 4 <= limit
+            else "work = WorkManagerImpl(\n" + "".join(f"    {a},\n" for a in args) + ")"
+        )
+        relay_at = _assign_of_call(body, "OutboxRelayImpl")
+        assert relay_at is not None
+        body.insert(relay_at[0], pyedit.stmt(code + "\n"))
+    # 3. work=work to the relay and to Managers
+    for callee in ("OutboxRelayImpl", "Managers"):
+        for i, s in enumerate(body):
+            small = s.body[0] if isinstance(s, cst.SimpleStatementLine) else None
+            value = getattr(small, "value", None)
+            if _call_name(value) == callee:
+                new_call = pyedit.call_add_kwarg(value, "work", "work")
+                if new_call is not value:
+                    new_stmt = s.deep_replace(value, new_call)
+                    body[i] = pyedit.fit(module, new_stmt, _find_call(new_stmt, callee), 4, limit)
+    module = module.deep_replace(fn, fn.with_changes(body=fn.body.with_changes(body=body)))
+    module = _import(module, f"{spec.pkg}.work", "WorkManagerInterface", limit, where)
+    module = _import(module, f"{spec.pkg}.work.impl.manager", "WorkManagerImpl", limit, where)
+    return module.code
+
+
+def _find_call(statement: cst.CSTNode, callee: str) -> cst.Call:
+    found: list[cst.Call] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if _call_name(node) == callee:
+                found.append(node)
+
+    statement.visit(Finder())
+    return found[0]
+
+
+def edit_relay(text: str, spec: Spec, limit: int) -> str:
+    """`outbox/impl/relay.py`: the relay takes the work manager; the `work.` branch."""
+    where = f"{spec.om}/outbox/impl/relay.py"
+    module = _parse(text, where)
+    cls = _class(module, "OutboxRelayImpl", where)
+    init = pyedit.find_function(cls.body.body, "__init__")
+    dispatch = pyedit.find_function(cls.body.body, "_dispatch")
+    if init is None or not isinstance(init.body, cst.IndentedBlock):
+        raise Missing(f"{where}: `class OutboxRelayImpl` has no `__init__`")
+    if dispatch is None or not isinstance(dispatch.body, cst.IndentedBlock):
+        raise Missing(f"{where}: `class OutboxRelayImpl` has no `_dispatch(self, row)`")
+    if (
+        not dispatch.body.body
+        or not isinstance(dispatch.body.body[-1], cst.SimpleStatementLine)
+        or not isinstance(dispatch.body.body[-1].body[0], cst.Raise)
+    ):
+        raise Missing(f"{where}: `OutboxRelayImpl._dispatch` does not end with a `raise`")
+    row = dispatch.params.params[1].name.value if len(dispatch.params.params) > 1 else "row"
+    new_cls = cls
+    names = [p.name.value for p in (*init.params.params, *init.params.kwonly_params)]
+    if "work" not in names:
+        param = cst.Param(
+            name=cst.Name("work"), annotation=cst.Annotation(pyedit.expr("WorkManagerInterface"))
+        )
+        params = init.params
+        star = (
+            params.star_arg
+            if isinstance(params.star_arg, cst.Param | cst.ParamStar)
+            else cst.ParamStar()
+        )
+        new_params = params.with_changes(
+            star_arg=star, kwonly_params=[*params.kwonly_params, param]
+        )
+        new_init = _explode_params(init.with_changes(params=new_params))
+        assign = pyedit.stmt("self._work = work\n")
+        body = pyedit.insert_after_last(
+            new_init.body.body,  # type: ignore[union-attr]
+            assign,
+            lambda s: (
+                pyedit.is_simple(cst.Assign)(s) and "self._" in cst.Module([]).code_for_node(s)
+            ),
+        )
+        new_init = new_init.with_changes(body=new_init.body.with_changes(body=body))
+        new_cls = new_cls.deep_replace(init, new_init)
+    if 'startswith("work.")' not in module.code_for_node(dispatch):
+        branch = pyedit.stmt(
+            f'if {row}.kind.startswith("work."):\n'
+            f"    await self._work.enqueue_relayed({row}.org_id, {row})\n"
+            "    return\n"
+        )
+        items = list(dispatch.body.body)
+        branch = branch.with_changes(leading_lines=items[-1].leading_lines)
+        items.insert(len(items) - 1, branch)
+        current = pyedit.find_function(new_cls.body.body, "_dispatch")
+        assert current is not None
+        new_cls = new_cls.deep_replace(
+            current, current.with_changes(body=current.body.with_changes(body=items))
+        )
+    if new_cls is cls:
+        return text
+    module = module.deep_replace(cls, new_cls)
+    module = _import(module, f"{spec.pkg}.work", "WorkManagerInterface", limit, where)
+    return module.code
+
+
+def _explode_params(fn: cst.FunctionDef) -> cst.FunctionDef:
+    """One parameter per line with a magic trailing comma (ruff format keeps it)."""
+    p = fn.params
+    ordered: list[tuple[str, cst.CSTNode]] = [("params", x) for x in p.params]
+    if isinstance(p.star_arg, cst.Param | cst.ParamStar):
+        ordered.append(("star_arg", p.star_arg))
+    ordered += [("kwonly_params", x) for x in p.kwonly_params]
+    rebuilt: dict[str, list[cst.CSTNode]] = {"params": [], "star_arg": [], "kwonly_params": []}
+    for i, (slot, node) in enumerate(ordered):
+        last = i == len(ordered) - 1
+        comma = cst.Comma(whitespace_after=pyedit._nl_ws("" if last else pyedit.INDENT))
+        changes: dict[str, object] = {"comma": comma}
+        if isinstance(node, cst.Param):
+            changes["whitespace_after_param"] = cst.SimpleWhitespace("")
+        rebuilt[slot].append(node.with_changes(**changes))
+    params = p.with_changes(
+        params=rebuilt["params"],
+        star_arg=rebuilt["star_arg"][0] if rebuilt["star_arg"] else p.star_arg,
+        kwonly_params=rebuilt["kwonly_params"],
+    )
+    return fn.with_changes(params=params, whitespace_before_params=pyedit._nl_ws(pyedit.INDENT))
+
+
+def edit_topics(text: str, spec: Spec, limit: int) -> str:
+    """`infra/topics`: `Topics.WORK_AVAILABLE`, its payload and `TOPIC_PAYLOADS` entry."""
+    where = f"infra/src/{spec.host_root}/infra/topics/__init__.py"
+    module = _parse(text, where)
+    module = _enum_add(module, "Topics", "WORK_AVAILABLE", "work.available", where)
+    if pyedit.find_class(module, "WorkAvailablePayload") is None:
+        anchor = pyedit.find_assignment(module, "TOPIC_PAYLOADS")
+        if anchor is None:
+            raise Missing(f"{where}: no top-level `TOPIC_PAYLOADS = {{...}}`")
+        frozen = "ConfigDict(frozen=True)" in text
+        code = (
+            "class WorkAvailablePayload(BaseModel):\n"
+            '    """Work of `kind` became available on `lane`; idle workers of that lane claim."""\n\n'
+            + ("    model_config = ConfigDict(frozen=True)\n\n" if frozen else "")
+            + "    lane: str\n    kind: str\n"
+        )
+        two = [cst.EmptyLine(indent=False), cst.EmptyLine(indent=False)]
+        body = list(module.body)
+        at = body.index(anchor)
+        comments = [line for line in anchor.leading_lines if line.comment is not None]
+        body[at] = anchor.with_changes(leading_lines=[*two, *comments])
+        body.insert(at, pyedit.stmt(code).with_changes(leading_lines=two))
+        module = module.with_changes(body=body)
+    module = _dict_add(
+        module, "TOPIC_PAYLOADS", "Topics.WORK_AVAILABLE", "WorkAvailablePayload", where
+    )
+    return module.code
+
+
+def edit_cache(text: str, spec: Spec, limit: int) -> str:
+    """`infra/cache`: `CacheScope.WORKER_LIVENESS`, the scope the liveness key lives under."""
+    where = f"infra/src/{spec.host_root}/infra/cache/__init__.py"
+    module = _parse(text, where)
+    return _enum_add(module, "CacheScope", "WORKER_LIVENESS", "worker_liveness", where).code
+
+
+def edit_request_stage(text: str, spec: Spec, limit: int) -> str:
+    """`om/tests/unit/test_request_stage.py`: the work manager's request-stage methods."""
+    where = "om/tests/unit/test_request_stage.py"
+    module = _parse(text, where)
+    statement = pyedit.find_assignment(module, "REQUEST_STAGE_METHODS")
+    if statement is None:
+        raise Missing(f"{where}: no top-level `REQUEST_STAGE_METHODS = ...`")
+    value = pyedit.assigned_value(statement)
+    literal = value
+    if isinstance(value, cst.Call) and len(value.args) == 1:
+        literal = value.args[0].value
+    if not isinstance(literal, cst.List | cst.Set | cst.Tuple) or not literal.elements:
+        raise Missing(
+            f"{where}: `REQUEST_STAGE_METHODS` is not a non-empty list, set or tuple literal"
+        )
+    sample = literal.elements[0].value
+    new = literal
+    for method in REQUEST_STAGE:
+        if isinstance(sample, cst.SimpleString):
+            inner = sample.evaluated_value
+            prefix = f"{spec.pkg}.work." if inner.count(".") > 1 else ""
+            quote = sample.quote
+            entry = f"{quote}{prefix}WorkManagerInterface.{method}{quote}"
+        elif isinstance(sample, cst.Tuple):
+            entry = f'(WorkManagerInterface, "{method}")'
+        else:
+            entry = f"WorkManagerInterface.{method}"
+        new = pyedit.sequence_append(new, entry)
+    if new is literal:
+        return text
+    exploded = "\n" in module.code_for_node(literal)
+    module = module.deep_replace(literal, new if exploded else pyedit.explode(new))
+    if not isinstance(sample, cst.SimpleString):
+        module = _import(module, f"{spec.pkg}.work", "WorkManagerInterface", limit, where)
+    return module.code
+
+
+# --- text fragments between markers ------------------------------------------------------
+
+
+def _between(text: str, start: str, end: str, line: str, where: str) -> str:
+    lines = text.splitlines(keepends=True)
+    try:
+        i = next(n for n, l in enumerate(lines) if l.strip() == start)
+        j = next(n for n, l in enumerate(lines) if n > i and l.strip() == end)
+    except StopIteration as exc:
+        raise Missing(f"{where}: no `{start}` ... `{end}` marker lines") from exc
+    if any(l.rstrip("\n") == line for l in lines[i:j]):
+        return text
+    lines.insert(j, line + "\n")
+    return "".join(lines)
+
+
+def dev_line(spec: Spec) -> str:
+    """`run <name> <command...>`, the form scripts/dev.sh gives every process."""
+    return f"run {spec.worker_name} uv run --all-packages {spec.worker_name} serve"
+
+
+def edit_dev_script(text: str, spec: Spec, limit: int) -> str:
+    """`scripts/dev.sh`: the worker started with the other local processes."""
+    return _between(text, "# >>> processes", "# <<< processes", dev_line(spec), "scripts/dev.sh")
+
+
+def env_block(spec: Spec, metrics_port: int = METRICS_PORT_BASE) -> str:
+    """The `.env.example` block of one worker: a header, then `<PREFIX><FIELD>=<value>`."""
+    prefix = spec.names["worker_env_prefix"]
+    lines = [f"# --- worker {spec.worker_name} ---"]
+    lines += [
+        f"{prefix}{field.upper()}={value.format(lane=spec.lane, metrics_port=metrics_port)}"
+        for field, value in WORKER_SETTINGS
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def edit_env(text: str, spec: Spec, limit: int) -> str:
+    """`.env.example`: every field of the worker's settings under its prefix, local values."""
+    header = f"# --- worker {spec.worker_name} ---"
+    if any(line.strip() == header for line in text.splitlines()):
+        return text
+    others = sum(1 for line in text.splitlines() if line.startswith("# --- worker "))
+    sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+    return text + sep + env_block(spec, METRICS_PORT_BASE + others)
+
+
+def create_om_readme(spec: Spec) -> str:
+    """A host without `om/README.md` gets one that starts the list of namespaces."""
+    return f"# {spec.pkg}: the operational model\n\nOne namespace per folder:\n\n"
+
+
+def edit_om_readme(text: str, spec: Spec, limit: int) -> str:
+    """`om/README.md`: a link to the new namespace's README (one level below)."""
+    target = f"src/{spec.host_root}/om/work/README.md"
+    if f"]({target})" in text:
+        return text
+    lines = text.splitlines(keepends=True)
+    link = re.compile(
+        rf"^(\s*[-*] )\[[^\]]+\]\(src/{re.escape(spec.host_root)}/om/\w+/README\.md\)"
+    )
+    at = [n for n, l in enumerate(lines) if link.match(l)]
+    entry = f"[work]({target}): the work queue, its items, kinds and statuses"
+    if at:
+        bullet = link.match(lines[at[-1]]).group(1)  # type: ignore[union-attr]
+        lines.insert(at[-1] + 1, f"{bullet}{entry}\n")
+        return "".join(lines)
+    sep = "" if text.endswith("\n\n") or not text else ("\n" if text.endswith("\n") else "\n\n")
+    return text + sep + f"- {entry}\n"
+
+
+KINDS_START, KINDS_END = "<!-- >>> kinds -->", "<!-- <<< kinds -->"
+
+
+def edit_work_readme(text: str, spec: Spec, limit: int) -> str:
+    """`work/README.md` (existing namespace): the new kind named between the kind markers."""
+    line = f"- `{spec.work_kind}`, handled by the `{spec.worker_name}` worker"
+    if KINDS_START not in text:
+        sep = "" if text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+        text = text + sep + f"## Kinds\n\n{KINDS_START}\n{KINDS_END}\n"
+    return _between(text, KINDS_START, KINDS_END, line, f"{spec.om}/work/README.md")
+
+
+# --- the plan -----------------------------------------------------------------------------
+
+
+def fragments(spec: Spec) -> list[Fragment]:
+    """The fragments this worker applies, in order (namespace rows only for its owner)."""
+    om = spec.om
+    infra = f"infra/src/{spec.host_root}/infra"
+    plan = [
+        Fragment("workspace member", lambda s: "pyproject.toml", edit_workspace),
+        Fragment(
+            "work kind", lambda s: f"{om}/work/types/kinds.py", edit_kinds, create=create_kinds
+        ),
+        Fragment("topic", lambda s: f"{infra}/topics/__init__.py", edit_topics),
+        Fragment("cache scope", lambda s: f"{infra}/cache/__init__.py", edit_cache),
+        Fragment("dev script", lambda s: "scripts/dev.sh", edit_dev_script),
+        Fragment("env example", lambda s: ".env.example", edit_env),
+    ]
+    if spec.namespace_absent:
+        plan += [
+            Fragment("tenantless", lambda s: "pyproject.toml", edit_tenantless),
+            Fragment("roles", lambda s: f"{om}/storage/roles.py", edit_roles),
+            Fragment("storage root", lambda s: f"{om}/storage/root.py", edit_storage_root),
+            Fragment("sql storage root", lambda s: f"{om}/storage/impl/sql.py", edit_sql_root),
+            Fragment(
+                "memory storage root", lambda s: f"{om}/storage/impl/memory.py", edit_memory_root
+            ),
+            Fragment("managers", lambda s: f"{om}/root.py", edit_om_root),
+            Fragment("relay", lambda s: f"{om}/outbox/impl/relay.py", edit_relay),
+            Fragment(
+                "request stage", lambda s: "om/tests/unit/test_request_stage.py", edit_request_stage
+            ),
+            Fragment(
+                "om readme", lambda s: "om/README.md", edit_om_readme, create=create_om_readme
+            ),
+        ]
+    else:
+        plan.append(Fragment("work readme", lambda s: f"{om}/work/README.md", edit_work_readme))
+    return plan
+
+
+def line_length(host: Path) -> int:
+    """`[tool.ruff] line-length` of the host (ruff's default 88 when unset)."""
+    import tomllib
+
+    try:
+        data = tomllib.loads((host / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return 88
+    return int(data.get("tool", {}).get("ruff", {}).get("line-length", 88))
+
+
+def check_host(host: Path, spec: Spec) -> list[str]:
+    """Every `<file>: <missing part>` that would stop a fragment ([] when all can apply)."""
+    if MISSING_DEPS:
+        return [f"copier's Python lacks the module {MISSING_DEPS!r}: {INSTALL_HINT}"]
+    limit = line_length(host)
+    problems: list[str] = []
+    for fragment in fragments(spec):
+        try:
+            fragment.check(host, spec, limit)
+        except Missing as exc:
+            problems.append(str(exc))
+    if not spec.namespace_absent and not (host / spec.om / "work" / "types" / "kinds.py").is_file():
+        problems.append(f"{spec.om}/work/types/kinds.py: the file does not exist")
+    return problems
+
+
+def apply(host: Path, spec: Spec) -> list[str]:
+    """Apply every fragment; returns the files changed. Raises `Missing` on the first gap."""
+    limit = line_length(host)
+    storage = host / spec.om / "work" / "storage" / "__init__.py"
+    has_many = storage.is_file() and "def claim_many(" in storage.read_text(encoding="utf-8")
+    spec = dataclasses.replace(spec, storage_has_claim_many=has_many)
+    changed: list[str] = []
+    for fragment in fragments(spec):
+        if fragment.apply(host, spec, limit):
+            changed.append(fragment.path(spec))
+    return sorted(set(changed))
+
+
+def is_replay(folder: Path) -> bool:
+    """True for copier's temporary update copies (copier-facts §5, §7)."""
+    return folder.resolve().name.startswith("copier._main.") or not (folder / ".git").exists()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--operation", choices=["copy", "update"], required=True)
+    parser.add_argument("--answers-file", required=True, help="relative to the destination")
+    parser.add_argument("--host", default=".", help="the host root (default: the current folder)")
+    args = parser.parse_args(argv)
+    host = Path(args.host)
+    if MISSING_DEPS:
+        print(f"worker-template patcher: {INSTALL_HINT}", file=sys.stderr)
+        return 1
+    facts = hostfacts.discover_host(host)
+    if not facts.is_host or (args.operation == "update" and is_replay(host)):
+        return 0  # an update replay in a bare temporary folder: nothing to patch there
+    import yaml
+
+    answers = yaml.safe_load((host / args.answers_file).read_text(encoding="utf-8"))
+    spec = Spec.from_answers(answers)
+    try:
+        changed = apply(host, spec)
+    except Missing as exc:
+        if args.operation == "update":
+            print(f"worker-template patcher: skipped, {exc}", file=sys.stderr)
+            return 0
+        print(f"worker-template patcher: {exc}", file=sys.stderr)
+        return 1
+    for path in changed:
+        print(f"    patched  {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The worker's Prometheus metrics, served on `/metrics` by `main.py`.
+
+Every metric lives on one `CollectorRegistry` the caller owns (a fresh one per test, the
+process registry in production), so two loops in one process never collide. Durations are
+histograms in seconds; counters carry the item's `kind`, gauges the queue `lane`.
+Seed 003 (operability: metrics) and DESIGN.md §6 (Observability).
+Names start with `worker_`: the work manager's own counters (`work_*`, on the default
+registry) count the queue's side of the same events.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class WorkerMetrics:
+    """Counters, gauges and histograms of one worker process, registered on `registry`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.claimed = Counter(
+            "worker_items_claimed", "Items claimed by this worker", ["kind"], registry=registry
+        )
+        self.completed = Counter(
+            "worker_items_completed", "Items handled and completed", ["kind"], registry=registry
+        )
+        self.failed = Counter(
+            "worker_items_failed",
+            "Attempts that failed and were requeued with backoff",
+            ["kind"],
+            registry=registry,
+        )
+        self.dead_lettered = Counter(
+            "worker_items_dead_lettered",
+            "Attempts that failed at max_attempts: the item is a dead letter",
+            ["kind"],
+            registry=registry,
+        )
+        self.released = Counter(
+            "worker_items_released",
+            "Items handed back to the queue without spending an attempt",
+            ["kind", "reason"],
+            registry=registry,
+        )
+        self.leases_lost = Counter(
+            "worker_leases_lost",
+            "Items whose lease this worker lost (refused renewal or half the lease unrenewed)",
+            ["kind", "reason"],
+            registry=registry,
+        )
+        self.renewals_failed = Counter(
+            "worker_lease_renewals_failed",
+            "Lease renewals that failed or timed out (retried until half the lease passed)",
+            ["kind"],
+            registry=registry,
+        )
+        self.heartbeat_failures = Counter(
+            "worker_heartbeat_failures",
+            "Liveness beats that failed or read back wrong",
+            registry=registry,
+        )
+        self.sweep_moved = Counter(
+            "worker_sweep_moved",
+            "Rows the maintenance sweep moved, per step",
+            ["step"],
+            registry=registry,
+        )
+        self.sweep_errors = Counter(
+            "worker_sweep_errors", "Sweep steps that raised, per step", ["step"], registry=registry
+        )
+        self.in_flight = Gauge(
+            "worker_items_in_flight", "Items this worker is handling now", registry=registry
+        )
+        self.claiming = Gauge(
+            "worker_claiming",
+            "1 while the loop claims, 0 while paused or draining",
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "worker_queue_depth", "Available items per lane", ["lane"], registry=registry
+        )
+        self.oldest_available_age = Gauge(
+            "worker_queue_oldest_available_age_seconds",
+            "Age of the oldest available item per lane, seconds",
+            ["lane"],
+            registry=registry,
+        )
+        self.handle_duration = Histogram(
+            "worker_handle_duration_seconds",
+            "Time a handler ran, seconds",
+            ["kind"],
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.claim_to_start = Histogram(
+            "worker_claim_to_start_seconds",
+            "Time from the claim returning to the handler starting, seconds",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )

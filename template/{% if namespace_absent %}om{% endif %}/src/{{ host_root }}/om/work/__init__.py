@@ -1,0 +1,3 @@
+from .manager import WorkManagerInterface
+
+__all__ = ["WorkManagerInterface"]

@@ -1,0 +1,60 @@
+"""The queue's Prometheus counters; the worker serves the default registry on `/metrics`."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
+
+
+class WorkMetrics:
+    """Counters the work manager moves, labelled by kind (and by reason or operation).
+
+    `dead_letters` counts every item failed for good, with `reason` `attempts` (the last
+    attempt failed), `lease` (the sweep found it out of attempts) or `tenant` (its tenant
+    is gone); `fencing_conflicts` counts writes refused because the claim token no
+    longer matched, by `operation`. Build one per registry: a second set on the same
+    registry raises `ValueError` (duplicated time series); `default_metrics()` holds the
+    process-wide one on the default registry.
+    """
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.enqueued = Counter(
+            "work_items_enqueued", "Work items inserted by an enqueue.", ["kind"], registry=registry
+        )
+        self.claimed = Counter(
+            "work_items_claimed", "Work items claimed by a worker.", ["kind"], registry=registry
+        )
+        self.completed = Counter(
+            "work_items_completed", "Work items completed.", ["kind"], registry=registry
+        )
+        self.retried = Counter(
+            "work_items_retried",
+            "Failed tries handed back with a backoff.",
+            ["kind"],
+            registry=registry,
+        )
+        self.requeued_stale = Counter(
+            "work_items_requeued_stale",
+            "Work items the sweep handed back after their lease passed.",
+            ["kind"],
+            registry=registry,
+        )
+        self.dead_letters = Counter(
+            "work_dead_letters",
+            "Work items failed for good (dead letters).",
+            ["kind", "reason"],
+            registry=registry,
+        )
+        self.fencing_conflicts = Counter(
+            "work_fencing_conflicts",
+            "Writes refused because the claim token no longer matched.",
+            ["operation"],
+            registry=registry,
+        )
+
+
+@cache
+def default_metrics() -> WorkMetrics:
+    """The process-wide counters on prometheus-client's default registry."""
+    return WorkMetrics()

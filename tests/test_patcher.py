@@ -1,0 +1,320 @@
+"""The host patcher: every fragment applied, idempotent, ruff-clean, and refusing gaps.
+
+Runs against `tests/fixtures/patcher/host/`, a slice of the reference host holding exactly
+the files the fragments edit (docs/host-contract.md), so these tests need no render.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import PATCHER_HOST, VENV_BIN, commit_all, git, load_extension, tree_state
+
+patcher = load_extension("patcher")
+
+FIRST = patcher.Spec(
+    worker_name="shipment-notifier",
+    work_kind="NOTIFY_SHIPMENT",
+    lane="default",
+    host_root="acme",
+    namespace_absent=True,
+)
+SECOND = patcher.Spec(
+    worker_name="invoice-mailer",
+    work_kind="SEND_INVOICE",
+    lane="billing",
+    host_root="acme",
+    namespace_absent=False,
+)
+
+KINDS_SHAPE = '''"""Work kinds, their payload models and policies: one entry per worker (fragments)."""
+
+from enum import StrEnum
+
+from pydantic import BaseModel
+
+from .payloads.notify_shipment import NotifyShipmentPayload
+from .policy import KindPolicy
+
+
+class WorkKind(StrEnum):
+    NOTIFY_SHIPMENT = "NOTIFY_SHIPMENT"
+
+
+WORK_PAYLOADS: dict[WorkKind, type[BaseModel]] = {
+    WorkKind.NOTIFY_SHIPMENT: NotifyShipmentPayload,
+}
+WORK_POLICIES: dict[WorkKind, KindPolicy] = {
+    WorkKind.NOTIFY_SHIPMENT: KindPolicy(),
+}
+'''
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".git" not in p.relative_to(root).parts
+    }
+
+
+def ruff(host: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(VENV_BIN / "ruff"), *args], cwd=host, capture_output=True, text=True, check=False
+    )
+
+
+@pytest.fixture
+def host(make_host: Callable[..., Path]) -> Path:
+    return make_host(PATCHER_HOST)
+
+
+def test_first_worker_applies_every_changed_row(host: Path) -> None:
+    assert patcher.check_host(host, FIRST) == []
+    changed = patcher.apply(host, FIRST)
+    assert changed == sorted(
+        [
+            ".env.example",
+            "infra/src/acme/infra/cache/__init__.py",
+            "infra/src/acme/infra/topics/__init__.py",
+            "om/README.md",
+            "om/src/acme/om/outbox/impl/relay.py",
+            "om/src/acme/om/root.py",
+            "om/src/acme/om/storage/impl/memory.py",
+            "om/src/acme/om/storage/impl/sql.py",
+            "om/src/acme/om/storage/roles.py",
+            "om/src/acme/om/storage/root.py",
+            "om/src/acme/om/work/types/kinds.py",
+            "om/tests/unit/test_request_stage.py",
+            "pyproject.toml",
+            "scripts/dev.sh",
+        ]
+    )
+    om = host / "om/src/acme/om"
+    assert (om / "work/types/kinds.py").read_text() == KINDS_SHAPE
+    pyproject = (host / "pyproject.toml").read_text()
+    assert 'members = ["om", "infra", "services/api", "workers/shipment-notifier"]' in pyproject
+    assert '    "acme.om.work.storage.WorkStorageInterface.claim_next",\n]' in pyproject
+    roles = (om / "storage/roles.py").read_text()
+    assert '    "work_items": DatabaseRole.QUEUE,\n}' in roles
+    assert '    "work_items": TenancyScope.ORG,\n}' in roles
+    root = (om / "root.py").read_text()
+    assert "    work: WorkManagerInterface\n" in root
+    assert root.index("work = WorkManagerImpl(") < root.index("outbox_relay = OutboxRelayImpl(")
+    assert "topics=infra.topics," in root and "tenancy=tenancy," in root and "audit=audit," in root
+    assert "OutboxRelayImpl(storage.get_outbox_storage(), infra.topics, work=work)" in root
+    assert "        work=work,\n    )" in root
+    relay = (om / "outbox/impl/relay.py").read_text()
+    assert "        *,\n        work: WorkManagerInterface,\n    ) -> None:" in relay
+    assert "        self._work = work\n" in relay
+    branch = '        if row.kind.startswith("work."):\n            await self._work.enqueue_relayed(row.org_id, row)\n            return\n        raise Invalid('
+    assert branch in relay
+    assert (
+        "def get_work_storage(self) -> WorkStorageInterface:"
+        in (om / "storage/root.py").read_text()
+    )
+    sql = (om / "storage/impl/sql.py").read_text()
+    assert (
+        'if self._funnel.dialect == "postgresql":\n            return PostgresWorkStorage(self._funnel)\n        return SqliteWorkStorage(self._funnel)'
+        in sql
+    )
+    memory = (om / "storage/impl/memory.py").read_text()
+    assert "        self._work = MemoryWorkStorage()\n" in memory
+    topics = (host / "infra/src/acme/infra/topics/__init__.py").read_text()
+    assert '    WORK_AVAILABLE = "work.available"\n' in topics
+    assert "class WorkAvailablePayload(BaseModel):" in topics
+    assert "    Topics.WORK_AVAILABLE: WorkAvailablePayload,\n}" in topics
+    cache = (host / "infra/src/acme/infra/cache/__init__.py").read_text()
+    assert '    WORKER_LIVENESS = "worker_liveness"\n' in cache
+    stage = (host / "om/tests/unit/test_request_stage.py").read_text()
+    for method in ("claim", "claim_many", "maintenance_contexts"):
+        assert f"    WorkManagerInterface.{method},\n" in stage
+    assert "](src/acme/om/work/README.md)" in (host / "om/README.md").read_text()
+    dev = (host / "scripts/dev.sh").read_text()
+    line = "run shipment-notifier uv run --all-packages shipment-notifier serve\n"
+    assert dev.index("# >>> processes") < dev.index(line) < dev.index("# <<< processes")
+    env = (host / ".env.example").read_text()
+    assert "# --- worker shipment-notifier ---\nSHIPMENT_NOTIFIER_LANE=default\n" in env
+
+
+def test_applying_twice_changes_nothing(host: Path) -> None:
+    patcher.apply(host, FIRST)
+    once = snapshot(host)
+    assert patcher.apply(host, FIRST) == []
+    assert snapshot(host) == once
+
+
+def test_second_worker_adds_its_kind_only(host: Path) -> None:
+    patcher.apply(host, FIRST)
+    readme = host / "om/src/acme/om/work/README.md"
+    readme.write_text("# Work\n\nItems of work.\n")
+    commit_all(host, "first worker")
+    assert patcher.check_host(host, SECOND) == []
+    changed = patcher.apply(host, SECOND)
+    assert changed == sorted(
+        [
+            ".env.example",
+            "om/src/acme/om/work/README.md",
+            "om/src/acme/om/work/types/kinds.py",
+            "pyproject.toml",
+            "scripts/dev.sh",
+        ]
+    )
+    kinds = (host / "om/src/acme/om/work/types/kinds.py").read_text()
+    assert (
+        "from .payloads.notify_shipment import NotifyShipmentPayload\nfrom .payloads.send_invoice import SendInvoicePayload\nfrom .policy import KindPolicy\n"
+        in kinds
+    )
+    assert '    NOTIFY_SHIPMENT = "NOTIFY_SHIPMENT"\n    SEND_INVOICE = "SEND_INVOICE"\n' in kinds
+    assert "    WorkKind.SEND_INVOICE: SendInvoicePayload,\n}" in kinds
+    assert "    WorkKind.SEND_INVOICE: KindPolicy(),\n}" in kinds
+    text = readme.read_text()
+    assert (
+        "<!-- >>> kinds -->\n- `SEND_INVOICE`, handled by the `invoice-mailer` worker\n<!-- <<< kinds -->"
+        in text
+    )
+    assert "INVOICE_MAILER_LANE=billing" in (host / ".env.example").read_text()
+    twice = snapshot(host)
+    assert patcher.apply(host, SECOND) == []
+    assert snapshot(host) == twice
+
+
+def _violations(host: Path, files: list[str]) -> set[tuple[str, str]]:
+    """(file, rule) pairs `ruff check` reports under the host's own configuration."""
+    done = ruff(host, "check", "--output-format", "json", "--no-fix", *files)
+    return {(v["filename"], v["code"]) for v in json.loads(done.stdout or "[]")}
+
+
+def test_patched_files_are_ruff_clean(host: Path) -> None:
+    python = [str(p.relative_to(host)) for p in host.rglob("*.py") if ".git" not in p.parts]
+    before = _violations(host, python)
+    patcher.apply(host, FIRST)
+    (host / "om/src/acme/om/work/README.md").write_text("# Work\n")
+    patcher.apply(host, SECOND)
+    files = [line[3:] for line in tree_state(host).splitlines() if line[3:].endswith(".py")]
+    assert len(files) >= 10, files
+    after = _violations(host, [*python, *files])
+    assert after <= before, f"new ruff findings: {sorted(after - before)}"
+    fmt = ruff(host, "format", "--check", "--diff", *files)
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def test_claim_many_joins_tenantless_when_the_storage_declares_it(host: Path) -> None:
+    storage = host / "om/src/acme/om/work/storage/__init__.py"
+    storage.parent.mkdir(parents=True)
+    storage.write_text("class WorkStorageInterface:\n    async def claim_many(self): ...\n")
+    patcher.apply(host, FIRST)
+    text = (host / "pyproject.toml").read_text()
+    assert '"acme.om.work.storage.WorkStorageInterface.claim_many"' in text
+
+
+@pytest.mark.parametrize(
+    ("path", "old", "new", "expected"),
+    [
+        (
+            "om/src/acme/om/root.py",
+            "def build_managers(",
+            "def build(",
+            "no top-level `def build_managers(storage, infra)`",
+        ),
+        (
+            "om/src/acme/om/root.py",
+            "OutboxRelayImpl(storage",
+            "Relay(storage",
+            "no `<name> = OutboxRelayImpl(...)` assignment",
+        ),
+        (
+            "om/src/acme/om/storage/roles.py",
+            '    QUEUE = "queue"\n',
+            "",
+            "`class DatabaseRole` has no `QUEUE` member",
+        ),
+        (
+            "om/src/acme/om/storage/impl/memory.py",
+            "class MemoryStorageRoot(",
+            "class MemRoot(",
+            "no top-level `class MemoryStorageRoot`",
+        ),
+        (
+            "infra/src/acme/infra/cache/__init__.py",
+            "class CacheScope(",
+            "class Scope(",
+            "no top-level `class CacheScope`",
+        ),
+        (
+            "om/tests/unit/test_request_stage.py",
+            "REQUEST_STAGE_METHODS =",
+            "METHODS =",
+            "no top-level `REQUEST_STAGE_METHODS = ...`",
+        ),
+        (
+            "pyproject.toml",
+            "[tool.arch-check.options.CTX-12]",
+            "[tool.arch-check.options.CTX-13]",
+            "no `tenantless` array in [tool.arch-check.options.CTX-12]",
+        ),
+    ],
+)
+def test_missing_structure_is_named(
+    host: Path, path: str, old: str, new: str, expected: str
+) -> None:
+    target = host / path
+    text = target.read_text()
+    assert old in text
+    target.write_text(text.replace(old, new))
+    problems = patcher.check_host(host, FIRST)
+    assert any(p.startswith(path) and expected in p for p in problems), problems
+
+
+def test_missing_file_is_named(host: Path) -> None:
+    (host / ".env.example").unlink()
+    assert ".env.example: the file does not exist" in patcher.check_host(host, FIRST)
+
+
+def test_cli_skips_update_replays(host: Path, tmp_path: Path) -> None:
+    replay = tmp_path / "copier._main.old_copy.x"
+    subprocess.run(["cp", "-r", str(host), str(replay)], check=True)
+    subprocess.run(["rm", "-rf", str(replay / ".git")], check=True)
+    answers = replay / "workers/shipment-notifier/.copier-answers.yml"
+    answers.parent.mkdir(parents=True)
+    answers.write_text(
+        "worker_name: shipment-notifier\nwork_kind: NOTIFY_SHIPMENT\nhost_root: acme\nnamespace_absent: true\n"
+    )
+    before = snapshot(replay)
+    args = [
+        "--operation",
+        "update",
+        "--answers-file",
+        str(answers.relative_to(replay)),
+        "--host",
+        str(replay),
+    ]
+    assert patcher.main(args) == 0
+    assert snapshot(replay) == before
+
+
+def test_cli_applies_in_the_real_host(host: Path) -> None:
+    answers = host / "workers/shipment-notifier/.copier-answers.yml"
+    answers.parent.mkdir(parents=True)
+    answers.write_text(
+        "worker_name: shipment-notifier\nwork_kind: NOTIFY_SHIPMENT\nlane: default\nhost_root: acme\nnamespace_absent: true\n"
+    )
+    args = [
+        "--operation",
+        "copy",
+        "--answers-file",
+        "workers/shipment-notifier/.copier-answers.yml",
+        "--host",
+        str(host),
+    ]
+    assert patcher.main(args) == 0
+    assert (host / "om/src/acme/om/work/types/kinds.py").read_text() == KINDS_SHAPE
+    git(host, "add", "-A")
+    once = snapshot(host)
+    assert patcher.main([*args[:1], "update", *args[2:]]) == 0
+    assert snapshot(host) == once

@@ -1,0 +1,214 @@
+"""Rendering into the reference host: every Created file, no Jinja residue, ruff-clean,
+a second copy refused, the answers file, an update across tags, and (slow) the host's gate.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import copier
+import pytest
+import yaml
+from conftest import UPDATE_MARKER, VENV_BIN, commit_all, load_extension, tree_state, uv_sync
+from copier.errors import UserMessageError
+
+patcher = load_extension("patcher")
+
+WORK = "om/src/acme/om/work"
+WORKER = "workers/shipment-notifier"
+PKG = f"{WORKER}/src/acme/workers/shipment_notifier"
+
+# Seed 000, Created: the work namespace (first worker) and the worker.
+NAMESPACE_FILES = [
+    f"{WORK}/{f}"
+    for f in (
+        "__init__.py",
+        "README.md",
+        "manager.py",
+        "rules.py",
+        "types/__init__.py",
+        "types/work_item.py",
+        "types/handler.py",
+        "types/kinds.py",
+        "impl/__init__.py",
+        "impl/manager.py",
+        "storage/__init__.py",
+        "storage/impl/__init__.py",
+        "storage/impl/postgres.py",
+        "storage/impl/memory.py",
+        "storage/tables/__init__.py",
+        "storage/tables/work_items.py",
+    )
+] + [
+    "om/tests/contracts/work_storage.py",
+    "om/tests/unit/test_work_storage.py",
+    "om/tests/integration/test_work_storage_postgres.py",
+    "om/tests/unit/test_work_manager.py",
+]
+MIGRATION_PATTERNS = [
+    r"om/migrations/sql/queue/\d{14}_work_items\.up\.sql",
+    r"om/migrations/sql/queue/\d{14}_work_items\.down\.sql",
+    r"om/migrations/versions/queue/\d{14}_work_items\.py",
+]
+WORKER_FILES = [
+    f"{WORKER}/pyproject.toml",
+    f"{PKG}/__init__.py",
+    f"{PKG}/settings.py",
+    f"{PKG}/handler.py",
+    f"{PKG}/container.py",
+    f"{PKG}/loop.py",
+    f"{PKG}/main.py",
+    f"{WORKER}/tests/test_handler.py",
+    f"{WORKER}/tests/test_loop.py",
+    "deployment/docker/shipment-notifier.Dockerfile",
+    f"{WORKER}/.copier-answers.yml",
+]
+
+
+@pytest.fixture
+def rendered(make_host: Callable[..., Path], render: Callable[..., Any]) -> Path:
+    host = make_host()
+    render(host)
+    return host
+
+
+def test_render_creates_every_created_file(rendered: Path) -> None:
+    missing = [f for f in NAMESPACE_FILES + WORKER_FILES if not (rendered / f).is_file()]
+    assert missing == []
+    files = [str(p.relative_to(rendered)) for p in rendered.rglob("*") if p.is_file()]
+    for pattern in MIGRATION_PATTERNS:
+        assert [f for f in files if re.fullmatch(pattern, f)], pattern
+
+
+def test_answers_file_records_the_fixed_values(rendered: Path) -> None:
+    answers = yaml.safe_load((rendered / WORKER / ".copier-answers.yml").read_text())
+    assert answers["worker_name"] == "shipment-notifier"
+    assert answers["work_kind"] == "NOTIFY_SHIPMENT"
+    assert answers["host_root"] == "acme"
+    assert answers["namespace_absent"] is True
+    assert re.fullmatch(r"\d{14}", answers["migration_stamp"])
+    assert "queue_down_revision" in answers
+    assert answers["_commit"] == "v0.0.2"
+
+
+def test_no_jinja_residue(rendered: Path) -> None:
+    offenders = []
+    for path in rendered.rglob("*"):
+        if path.is_file() and ".git" not in path.parts and path.suffix != ".lock":
+            text = path.read_text(encoding="utf-8", errors="replace")
+            if "{{" in text or "{%" in text:
+                offenders.append(str(path.relative_to(rendered)))
+    assert offenders == []
+    names = [str(p.relative_to(rendered)) for p in rendered.rglob("*")]
+    assert [n for n in names if "{" in n or "}" in n] == []
+
+
+def test_rendered_python_is_ruff_clean(rendered: Path) -> None:
+    check = subprocess.run(
+        [str(VENV_BIN / "ruff"), "check", "--output-format", "concise", "."],
+        cwd=rendered,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    fmt = subprocess.run(
+        [str(VENV_BIN / "ruff"), "format", "--check", "."],
+        cwd=rendered,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def test_env_example_lists_every_setting(rendered: Path) -> None:
+    tree = ast.parse((rendered / PKG / "settings.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "WorkerSettings")
+    fields = [
+        s.target.id
+        for s in cls.body
+        if isinstance(s, ast.AnnAssign)
+        and isinstance(s.target, ast.Name)
+        and s.target.id not in patcher.SHARED_SETTINGS
+    ]
+    assert fields == [name for name, _ in patcher.WORKER_SETTINGS]
+    env = (rendered / ".env.example").read_text()
+    for name in fields:
+        assert f"\nSHIPMENT_NOTIFIER_{name.upper()}=" in env
+
+
+def test_second_copy_of_the_same_worker_is_refused(
+    rendered: Path, render: Callable[..., Any]
+) -> None:
+    commit_all(rendered, "first worker")
+    with pytest.raises(UserMessageError) as caught:
+        render(rendered)
+    assert "copier update --trust -a workers/shipment-notifier/.copier-answers.yml" in str(
+        caught.value
+    )
+    assert tree_state(rendered) == ""
+
+
+def test_second_worker_joins_the_namespace(rendered: Path, render: Callable[..., Any]) -> None:
+    commit_all(rendered, "first worker")
+    render(rendered, worker_name="invoice-mailer", work_kind="SEND_INVOICE")
+    answers = yaml.safe_load((rendered / "workers/invoice-mailer/.copier-answers.yml").read_text())
+    assert answers["namespace_absent"] is False
+    kinds = (rendered / WORK / "types/kinds.py").read_text()
+    assert (
+        'SEND_INVOICE = "SEND_INVOICE"' in kinds and 'NOTIFY_SHIPMENT = "NOTIFY_SHIPMENT"' in kinds
+    )
+    changed = {line[3:] for line in tree_state(rendered).splitlines()}
+    assert f"{WORK}/types/work_item.py" not in changed, "the namespace belongs to the first worker"
+    with pytest.raises(UserMessageError, match="already taken"):
+        commit_all(rendered, "second worker")
+        render(rendered, worker_name="third", work_kind="SEND_INVOICE")
+
+
+def test_update_across_tags_runs_no_check_and_patches_nothing_twice(
+    make_host: Callable[..., Path], render: Callable[..., Any]
+) -> None:
+    host = make_host()
+    render(host, vcs_ref="v0.0.1")
+    commit_all(host, "worker at v0.0.1")
+    answers_file = f"{WORKER}/.copier-answers.yml"
+    before = yaml.safe_load((host / answers_file).read_text())
+    assert before["_commit"] == "v0.0.1"
+    copier.run_update(
+        str(host), answers_file=answers_file, unsafe=True, defaults=True, overwrite=True, quiet=True
+    )
+    after_text = (host / answers_file).read_text()
+    after = yaml.safe_load(after_text)
+    assert after["_commit"] == "v0.0.2"
+    assert UPDATE_MARKER in after_text
+    for key in ("migration_stamp", "host_root", "namespace_absent", "queue_down_revision"):
+        assert after[key] == before[key], key
+    changed = {line[3:] for line in tree_state(host).splitlines()}
+    assert changed == {answers_file}, changed
+
+
+@pytest.mark.slow
+def test_rendered_host_passes_its_own_gate(
+    make_host: Callable[..., Path], render: Callable[..., Any], uv_env: dict[str, str]
+) -> None:
+    """Render, `uv sync` (offline after the session's warm-up), then the host's `make check`."""
+    host = make_host()
+    render(host)
+    synced = uv_sync(host, uv_env)
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    gate = subprocess.run(
+        ["make", "check"],
+        cwd=host,
+        env={**uv_env, "UV_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    assert gate.returncode == 0, gate.stdout[-6000:] + gate.stderr[-3000:]
