@@ -139,6 +139,7 @@ def preflight(context: dict[str, Any]) -> str:
         lane=lane,
         host_root=facts.root,
         namespace_absent=facts.namespace_absent,
+        container=bool(context.get("container")),
     )
     missing = patcher.check_host(dst, spec)
     if missing:

@@ -58,17 +58,19 @@ hostfacts = _sibling("hostfacts")
 
 try:
     import libcst as cst
+    import ruamel.yaml  # noqa: F401  (extensions/deploy.py: the deploy workflows, compose)
     import tomlkit
 except ImportError as exc:  # pragma: no cover - depends on how copier was installed
     MISSING_DEPS: str | None = exc.name
 else:
     MISSING_DEPS = None
     pyedit = _sibling("pyedit")
+    deploy = _sibling("deploy")
 
 INSTALL_HINT = (
     "install copier with the template's extras: "
     "uv tool install copier --with copier-template-extensions --with jinja2-time "
-    "--with libcst --with tomlkit"
+    "--with libcst --with tomlkit --with ruamel.yaml"
 )
 
 # The worker's settings (template/workers/<name>/src/<root>/workers/<module>/settings.py),
@@ -100,7 +102,7 @@ METRICS_PORT_BASE = 9100
 POSTGRES_STORAGE = ("work.storage.impl.postgres", "PostgresWorkStorage")
 SQLITE_STORAGE = ("work.storage.impl.sqlite", "SqliteWorkStorage")
 MEMORY_STORAGE = ("work.storage.impl.memory", "MemoryWorkStorage")
-REQUEST_STAGE = ("claim", "claim_many", "maintenance_contexts")
+REQUEST_STAGE = ("claim", "claim_many", "maintenance_contexts", "queue_stats")
 
 KINDS_HEADER = (
     '"""Work kinds, their payload models and policies: one entry per worker (fragments)."""'
@@ -133,6 +135,11 @@ class Spec:
     @property
     def names(self) -> dict[str, str]:
         return naming.derive_names(worker_name=self.worker_name, work_kind=self.work_kind)
+
+    @property
+    def policy(self) -> str:
+        """The kind's `KindPolicy(...)` expression: the lane is named when not the default."""
+        return "KindPolicy()" if self.lane == "default" else f'KindPolicy(lane="{self.lane}")'
 
     @property
     def om(self) -> str:
@@ -333,7 +340,7 @@ def create_kinds(spec: Spec) -> str:
         "WORK_PAYLOADS: dict[WorkKind, type[BaseModel]] = {\n"
         f"    WorkKind.{kind}: {payload},\n}}\n"
         "WORK_POLICIES: dict[WorkKind, KindPolicy] = {\n"
-        f"    WorkKind.{kind}: KindPolicy(),\n}}\n"
+        f"    WorkKind.{kind}: {spec.policy},\n}}\n"
     )
 
 
@@ -346,7 +353,7 @@ def edit_kinds(text: str, spec: Spec, limit: int) -> str:
     module = _enum_add(module, "WorkKind", kind, kind, where)
     module = _relative_import(module, f"payloads.{names['kind_snake']}", payload, where)
     module = _dict_add(module, "WORK_PAYLOADS", f"WorkKind.{kind}", payload, where)
-    module = _dict_add(module, "WORK_POLICIES", f"WorkKind.{kind}", "KindPolicy()", where)
+    module = _dict_add(module, "WORK_POLICIES", f"WorkKind.{kind}", spec.policy, where)
     return module.code
 
 
@@ -891,7 +898,23 @@ def fragments(spec: Spec) -> list[Fragment]:
         ]
     else:
         plan.append(Fragment("work readme", lambda s: f"{om}/work/README.md", edit_work_readme))
+    plan += [
+        Fragment(edit.name, lambda s, path=edit.path: path, _deploy_edit(edit.edit))
+        for edit in deploy.fragments(spec, WORKER_SETTINGS)
+    ]
     return plan
+
+
+def _deploy_edit(edit: Callable[[str], str]) -> Callable[[str, Spec, int], str]:
+    """A deployment fragment (extensions/deploy.py) as a patcher edit, its refusals as `Missing`."""
+
+    def run(text: str, spec: Spec, limit: int) -> str:
+        try:
+            return edit(text)
+        except deploy.Missing as exc:
+            raise Missing(str(exc)) from exc
+
+    return run
 
 
 def line_length(host: Path) -> int:
@@ -918,6 +941,7 @@ def check_host(host: Path, spec: Spec) -> list[str]:
             problems.append(str(exc))
     if not spec.namespace_absent and not (host / spec.om / "work" / "types" / "kinds.py").is_file():
         problems.append(f"{spec.om}/work/types/kinds.py: the file does not exist")
+    problems += deploy.check_terraform(host, spec)
     return problems
 
 

@@ -169,7 +169,7 @@ def host_env(backend: Backend, *, metrics_port: int) -> dict[str, str]:
 
 def prepare_database(host: Path, backend: Backend, env: dict[str, str]) -> None:
     if backend.sqlite_path is not None:
-        run(["uv", "run", "--offline", "python", "-m", "acme.om.schema", backend.database_url],
+        run(["uv", "run", "--all-packages", "--offline", "python", "-m", "acme.om.schema", backend.database_url],
             cwd=host, env=env)
         return
     run(["bash", "scripts/infra-up.sh"], cwd=host, env=env)
@@ -184,8 +184,8 @@ def prepare_database(host: Path, backend: Backend, env: dict[str, str]) -> None:
             await conn.close()
 
     asyncio.run(recreate())
-    owner_url = backend.database_url.replace("acme_app@", "acme_owner@")
-    run(["make", "migrate", f"MIGRATE_URL={owner_url}"], cwd=host, env=env)
+    owner_env = {**env, "ACME_MIGRATION_URL": backend.database_url.replace("acme_app@", "acme_owner@")}
+    run(["make", "migrate"], cwd=host, env=owner_env)
 
 
 async def counts(backend: Backend) -> dict[str, int]:
@@ -205,7 +205,7 @@ async def counts(backend: Backend) -> dict[str, int]:
 def start_worker(host: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     out = log.open("ab")
     return subprocess.Popen(
-        ["uv", "run", "--offline", WORKER, "serve"], cwd=host, env=env, stdout=out,
+        ["uv", "run", "--all-packages", "--offline", WORKER, "serve"], cwd=host, env=env, stdout=out,
         stderr=subprocess.STDOUT, start_new_session=True,
     )
 
@@ -263,7 +263,7 @@ def main() -> int:
         wait_healthy(args.metrics_port, worker, log)
         step(f"enqueueing {args.count} items from a second process")
         started = time.monotonic()
-        run(["uv", "run", "--offline", WORKER, "enqueue", "--count", str(args.count),
+        run(["uv", "run", "--all-packages", "--offline", WORKER, "enqueue", "--count", str(args.count),
              "--idempotency-prefix", "demo"], cwd=host, env=env)
         killed = False
         while True:

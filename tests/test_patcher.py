@@ -80,6 +80,8 @@ def test_first_worker_applies_every_changed_row(host: Path) -> None:
     assert changed == sorted(
         [
             ".env.example",
+            ".github/workflows/deploy-production.yml",
+            ".github/workflows/deploy-staging.yml",
             "infra/src/acme/infra/cache/__init__.py",
             "infra/src/acme/infra/topics/__init__.py",
             "om/README.md",
@@ -159,6 +161,8 @@ def test_second_worker_adds_its_kind_only(host: Path) -> None:
     assert changed == sorted(
         [
             ".env.example",
+            ".github/workflows/deploy-production.yml",
+            ".github/workflows/deploy-staging.yml",
             "om/src/acme/om/work/README.md",
             "om/src/acme/om/work/types/kinds.py",
             "pyproject.toml",
@@ -172,7 +176,7 @@ def test_second_worker_adds_its_kind_only(host: Path) -> None:
     )
     assert '    NOTIFY_SHIPMENT = "NOTIFY_SHIPMENT"\n    SEND_INVOICE = "SEND_INVOICE"\n' in kinds
     assert "    WorkKind.SEND_INVOICE: SendInvoicePayload,\n}" in kinds
-    assert "    WorkKind.SEND_INVOICE: KindPolicy(),\n}" in kinds
+    assert '    WorkKind.SEND_INVOICE: KindPolicy(lane="billing"),\n}' in kinds
     text = readme.read_text()
     assert (
         "<!-- >>> kinds -->\n- `SEND_INVOICE`, handled by the `invoice-mailer` worker\n<!-- <<< kinds -->"

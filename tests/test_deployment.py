@@ -1,0 +1,684 @@
+"""The worker's deployment artifacts, rendered into the reference host.
+
+Seed 000, Changed: per environment one instance of the host's service module for the
+worker (no load balancer route, rollouts capped at the desired count, a log group with
+retention, autoscaling behind `autoscaling_enabled`, the running-tasks-below-desired alarm
+on the alarm topic, every setting passed as a variable or wired as a secret); the staging
+workflow builds, pushes and records the image by commit, production promotes that digest
+and never rebuilds; with `container: true` a compose service; the image itself.
+
+Two workers are rendered into one copy of the reference host once for the module:
+`shipment-notifier` (the namespace's first, no container) and then `invoice-mailer`
+(`SEND_INVOICE`, lane `billing`, `container: true`). The refusal tests use fresh copies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import copier
+import hcl2
+import pytest
+import yaml
+from conftest import (
+    IGNORE,
+    REFERENCE_HOST,
+    REPO,
+    VENV_BIN,
+    commit_all,
+    git,
+    load_extension,
+    tree_state,
+)
+from copier.errors import UserMessageError
+
+patcher = load_extension("patcher")
+deploy = load_extension("deploy")
+
+TERRAFORM = "/usr/local/bin/terraform"
+ENVIRONMENTS = ("staging", "production")
+STAGING = ".github/workflows/deploy-staging.yml"
+PRODUCTION = ".github/workflows/deploy-production.yml"
+COMPOSE_FULL = "deployment/local/docker-compose.full.yml"
+COMPOSE = "deployment/local/docker-compose.yml"
+MODULE_DIR = "deployment/terraform/modules/service"
+FIRST = {"worker_name": "shipment-notifier", "work_kind": "NOTIFY_SHIPMENT"}
+SECOND = {
+    "worker_name": "invoice-mailer",
+    "work_kind": "SEND_INVOICE",
+    "lane": "billing",
+    "container": True,
+}
+WORKERS = (FIRST, SECOND)
+DIGEST = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/acme-x@sha256:" + "ab" * 32
+# Settings whose deployed value differs from the local one, and why: the metrics listen on
+# every interface of the task (Prometheus scrapes them), on the port the image exposes, and
+# the release is the image's digest.
+DEPLOYED = {"metrics_host": "0.0.0.0", "metrics_port": None, "release": None}
+
+
+def _module(answers: dict[str, Any]) -> str:
+    return str(answers["worker_name"]).replace("-", "_")
+
+
+def _prefix(answers: dict[str, Any]) -> str:
+    return _module(answers).upper() + "_"
+
+
+def _unquote(value: Any) -> Any:
+    """python-hcl2 keeps the quotes of string literals (`'"serve"'`); drop them."""
+    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"':
+        return value[1:-1]
+    return value
+
+
+def _labelled(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """`[{'"name"': body}, ...]` as `{name: body}` (one label)."""
+    return {_unquote(k): v for block in blocks for k, v in block.items()}
+
+
+def _resources(parsed: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """`resource` blocks as `{"<type>.<name>": body}`."""
+    out = {}
+    for block in parsed.get("resource", []):
+        for kind, named in block.items():
+            for name, body in named.items():
+                out[f"{_unquote(kind)}.{_unquote(name)}"] = body
+    return out
+
+
+def _locals(parsed: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for block in parsed.get("locals", []):
+        out.update({k: v for k, v in block.items() if not k.startswith("__")})
+    return out
+
+
+def _hcl_folder(folder: Path, *, skip: str = "") -> dict[str, Any]:
+    """Every `*.tf` of a folder parsed and merged (lists of blocks concatenated)."""
+    merged: dict[str, list[Any]] = {}
+    for path in sorted(folder.glob("*.tf")):
+        if path.name == skip:
+            continue
+        with path.open(encoding="utf-8") as handle:
+            for key, blocks in hcl2.load(handle).items():
+                merged.setdefault(key, []).extend(blocks)
+    return merged
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".git" not in p.relative_to(root).parts
+    }
+
+
+def _copy_host(dst: Path) -> Path:
+    if not (REFERENCE_HOST / "pyproject.toml").is_file():
+        pytest.skip(f"{REFERENCE_HOST} is not there yet")
+    shutil.copytree(REFERENCE_HOST, dst, ignore=IGNORE, symlinks=True)
+    git(dst, "init", "-q", "-b", "main")
+    commit_all(dst, "host")
+    return dst
+
+
+def _copy(template_repo: Path, host: Path, answers: dict[str, Any]) -> None:
+    copier.run_copy(
+        str(template_repo),
+        str(host),
+        data=answers,
+        vcs_ref="v0.0.2",
+        unsafe=True,
+        defaults=True,
+        quiet=True,
+    )
+
+
+def _run(*cmd: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory, template_repo: Path) -> Path:
+    """The reference host with both workers rendered, each copy committed (read-only)."""
+    root = _copy_host(tmp_path_factory.mktemp("deployment") / "host")
+    for answers in WORKERS:
+        _copy(template_repo, root, answers)
+        commit_all(root, f"worker {answers['worker_name']}")
+    return root
+
+
+@pytest.fixture
+def fresh_host(tmp_path: Path) -> Path:
+    return _copy_host(tmp_path / "host")
+
+
+def _worker_tf(host: Path, env: str, answers: dict[str, Any]) -> Path:
+    return host / f"deployment/terraform/environments/{env}/worker_{_module(answers)}.tf"
+
+
+def _instance(host: Path, env: str, answers: dict[str, Any]) -> dict[str, Any]:
+    with _worker_tf(host, env, answers).open(encoding="utf-8") as handle:
+        parsed = hcl2.load(handle)
+    modules = _labelled(parsed["module"])
+    assert list(modules) == [_module(answers)], "one module instance per worker and file"
+    return modules[_module(answers)]
+
+
+def _parsed_worker(host: Path, env: str, answers: dict[str, Any]) -> dict[str, Any]:
+    with _worker_tf(host, env, answers).open(encoding="utf-8") as handle:
+        return hcl2.load(handle)
+
+
+ALL = [(env, answers) for env in ENVIRONMENTS for answers in WORKERS]
+IDS = [f"{env}-{answers['worker_name']}" for env, answers in ALL]
+
+
+# --- Terraform ----------------------------------------------------------------------------
+
+
+def test_terraform_is_fmt_clean(host: Path) -> None:
+    done = _run(TERRAFORM, "fmt", "-check", "-recursive", "-diff", "deployment/terraform", cwd=host)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
+def test_rendered_terraform_has_no_residue_or_blank_noise(
+    host: Path, env: str, answers: dict[str, Any]
+) -> None:
+    text = _worker_tf(host, env, answers).read_text(encoding="utf-8")
+    assert "{{" not in text and "{%" not in text and "}}\n" not in text
+    assert "\n\n\n" not in text and not text.startswith("\n")
+    assert text.endswith("}\n") and not text.endswith("\n\n")
+    assert [line for line in text.splitlines() if line != line.rstrip()] == []
+
+
+@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
+def test_one_service_module_instance_without_a_load_balancer_route(
+    host: Path, env: str, answers: dict[str, Any]
+) -> None:
+    instance = _instance(host, env, answers)
+    assert _unquote(instance["source"]) == "../../modules/service"
+    assert _unquote(instance["name"]) == answers["worker_name"]
+    assert "load_balancer" not in instance
+    assert instance["environment"] == "${local.environment}"
+    assert [_unquote(c) for c in instance["command"]] == ["serve"]
+    # the module's inputs: everything passed is declared, everything without default passed
+    variables = _labelled(_hcl_folder(host / MODULE_DIR)["variable"])
+    passed = {k for k in instance if not k.startswith("__") and k != "source"}
+    assert passed - set(variables) == set(), "inputs the service module does not declare"
+    without_default = {name for name, body in variables.items() if "default" not in body}
+    assert without_default - passed == set(), "module inputs without a default left unset"
+    # a worker has no route: the module creates its target group and rule only with one
+    module = _resources(_hcl_folder(host / MODULE_DIR))
+    for resource in ("aws_lb_target_group.this", "aws_lb_listener_rule.this"):
+        assert module[resource]["count"] == "${var.load_balancer == null ? 0 : 1}"
+    assert variables["load_balancer"]["default"] is None
+
+
+@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
+def test_rollout_never_exceeds_the_desired_count(
+    host: Path, env: str, answers: dict[str, Any]
+) -> None:
+    instance = _instance(host, env, answers)
+    assert instance["deployment_maximum_percent"] == 100
+    minimum = instance["deployment_minimum_healthy_percent"]
+    assert 0 < minimum < 100, "below 100, or a rollout capped at 100 % could never start"
+    assert instance["desired_count"] >= 1
+    service = _resources(_hcl_folder(host / MODULE_DIR))["aws_ecs_service.this"]
+    assert service["deployment_maximum_percent"] == "${var.deployment_maximum_percent}"
+    assert (
+        service["deployment_minimum_healthy_percent"] == "${var.deployment_minimum_healthy_percent}"
+    )
+
+
+@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
+def test_log_group_keeps_logs_for_a_retention_period(
+    host: Path, env: str, answers: dict[str, Any]
+) -> None:
+    instance = _instance(host, env, answers)
+    days = instance["log_retention_days"]
+    # the retention periods CloudWatch accepts
+    assert days in {1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653}
+    if env == "production":
+        staging = _instance(host, "staging", answers)["log_retention_days"]
+        assert days >= staging
+    group = _resources(_hcl_folder(host / MODULE_DIR))["aws_cloudwatch_log_group.this"]
+    assert group["retention_in_days"] == "${var.log_retention_days}"
+
+
+@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
+def test_autoscaling_tracks_a_target_behind_the_root_switch(
+    host: Path, env: str, answers: dict[str, Any]
+) -> None:
+    instance = _instance(host, env, answers)
+    assert instance["autoscaling_enabled"] == "${var.autoscaling_enabled}"
+    assert instance["max_count"] > instance["desired_count"]
+    root = _labelled(
+        _hcl_folder(host / f"deployment/terraform/environments/{env}", skip="")["variable"]
+    )
+    assert root["autoscaling_enabled"]["type"] == "bool"
+    module = _resources(_hcl_folder(host / MODULE_DIR))
+    target = module["aws_appautoscaling_target.this"]
+    assert target["count"] == "${var.autoscaling_enabled ? 1 : 0}"
+    assert target["min_capacity"] == "${var.desired_count}"
+    assert target["max_capacity"] == "${var.max_count}"
+    policy = module["aws_appautoscaling_policy.cpu"]
+    assert policy["count"] == "${var.autoscaling_enabled ? 1 : 0}"
+    assert _unquote(policy["policy_type"]) == "TargetTrackingScaling"
+
+
+@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
+def test_running_below_desired_alarm_notifies_the_alarm_topic(
+    host: Path, env: str, answers: dict[str, Any]
+) -> None:
+    instance = _instance(host, env, answers)
+    assert instance["alarm_topic_arn"] == "${aws_sns_topic.alarms.arn}"
+    root = _resources(_hcl_folder(host / f"deployment/terraform/environments/{env}"))
+    assert "aws_sns_topic.alarms" in root
+    alarm = _resources(_hcl_folder(host / MODULE_DIR))[
+        "aws_cloudwatch_metric_alarm.running_below_desired"
+    ]
+    assert "count" not in alarm, "the alarm exists for every process"
+    assert alarm["alarm_actions"] == ["${var.alarm_topic_arn}"]
+    assert _unquote(alarm["comparison_operator"]) == "LessThanThreshold"
+    metrics = {
+        _unquote(q["metric"][0]["metric_name"]) for q in alarm["metric_query"] if "metric" in q
+    }
+    assert metrics == {"RunningTaskCount", "DesiredTaskCount"}
+
+
+@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
+def test_every_setting_is_passed_or_wired_as_a_secret(
+    host: Path, env: str, answers: dict[str, Any]
+) -> None:
+    parsed = _parsed_worker(host, env, answers)
+    instance = _instance(host, env, answers)
+    module, prefix = _module(answers), _prefix(answers)
+    own = _locals(parsed)
+    assert (
+        instance["environment_variables"]
+        == f"${{merge(local.shared_environment, local.{module}_environment)}}"
+    )
+    environment = {k: _unquote(v) for k, v in own[f"{module}_environment"].items()}
+    lane = answers.get("lane", "default")
+    expected = {}
+    for field, local in patcher.WORKER_SETTINGS:
+        if field not in DEPLOYED:
+            expected[f"{prefix}{field.upper()}"] = local.format(lane=lane, metrics_port="")
+    assert {k: v for k, v in environment.items() if k in expected} == expected
+    assert set(environment) == {f"{prefix}{f.upper()}" for f, _ in patcher.WORKER_SETTINGS}
+    assert environment[f"{prefix}METRICS_HOST"] == "0.0.0.0"
+    assert environment[f"{prefix}METRICS_PORT"] == f"${{tostring(local.{module}_metrics_port)}}"
+    assert own[f"{module}_metrics_port"] == deploy.CONTAINER_METRICS_PORT
+    assert instance["container_port"] == f"${{local.{module}_metrics_port}}"
+    assert environment[f"{prefix}RELEASE"] == f"${{local.{module}_release}}"
+    # the database and Redis URLs never in plain settings: secrets from the secret store
+    assert instance["secrets"] == "${local.shared_secrets}"
+    root = _locals(_hcl_folder(host / f"deployment/terraform/environments/{env}"))
+    secrets = root["shared_secrets"]
+    assert secrets["ACME_DATABASE_URL"] == "${var.database_url_secret_arn}"
+    assert secrets["ACME_REDIS_URL"] == "${var.redis_url_secret_arn}"
+    plain = set(environment) | set(root["shared_environment"])
+    assert not {k for k in plain if k.endswith(("_URL", "_DSN", "_PASSWORD", "_TOKEN"))}
+
+
+@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
+def test_every_variable_is_declared_and_the_workflow_sets_the_image(
+    host: Path, env: str, answers: dict[str, Any]
+) -> None:
+    folder = host / f"deployment/terraform/environments/{env}"
+    text = _worker_tf(host, env, answers).read_text(encoding="utf-8")
+    everything = _hcl_folder(folder)
+    declared = _labelled(everything["variable"])
+    assert set(re.findall(r"\bvar\.(\w+)", text)) - set(declared) == set()
+    defined = _locals(everything)
+    assert set(re.findall(r"\blocal\.(\w+)", text)) - set(defined) == set()
+    own = _labelled(_parsed_worker(host, env, answers)["variable"])
+    unset = {name for name, body in own.items() if "default" not in body}
+    image_var = f"{_module(answers)}_image"
+    assert unset == {image_var}, "only the image comes without a default, from the workflow"
+    # the deploy job turns each recorded image `<name>` into TF_VAR_<name with _>_image
+    workflow = (host / (STAGING if env == "staging" else PRODUCTION)).read_text()
+    assert 'echo "TF_VAR_${image//-/_}_image=${value}"' in workflow
+    assert str(answers["worker_name"]).replace("-", "_") + "_image" == image_var
+
+
+def _console(expression: str, tmp_path: Path) -> str:
+    done = subprocess.run(
+        [TERRAFORM, "console"],
+        input=expression + "\n",
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize("env", ENVIRONMENTS)
+def test_image_must_be_pinned_by_digest_and_names_the_release(
+    host: Path, env: str, tmp_path: Path
+) -> None:
+    parsed = _parsed_worker(host, env, FIRST)
+    variable = _labelled(parsed["variable"])["shipment_notifier_image"]
+    condition = variable["validation"][0]["condition"][2:-1]
+    release = _locals(parsed)["shipment_notifier_release"][2:-1]
+    tag = DIGEST.split("@")[0] + ":latest"
+    for ref, expected in ((DIGEST, "true"), (tag, "false"), ("@sha256:" + "ab" * 32, "false")):
+        literal = condition.replace("var.shipment_notifier_image", f'"{ref}"')
+        assert _console(literal, tmp_path) == expected, ref
+    value = _console(release.replace("var.shipment_notifier_image", f'"{DIGEST}"'), tmp_path)
+    assert value == '"' + "ab" * 6 + '"'
+
+
+def test_environments_differ_only_in_sizes(host: Path) -> None:
+    staging = _instance(host, "staging", FIRST)
+    production = _instance(host, "production", FIRST)
+    differing = {k for k in staging if staging[k] != production.get(k)}
+    assert differing == {"desired_count", "log_retention_days", "max_count"}
+    assert production["desired_count"] >= staging["desired_count"]
+
+
+# --- deploy workflows -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [STAGING, PRODUCTION])
+def test_workflows_validate_against_the_github_schema(host: Path, path: str) -> None:
+    done = _run(
+        str(VENV_BIN / "check-jsonschema"),
+        "--builtin-schema",
+        "vendor.github-workflows",
+        path,
+        cwd=host,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("path", [STAGING, PRODUCTION])
+def test_workflows_gain_only_the_image_entries(host: Path, path: str) -> None:
+    """Comments, quoting and layout kept: the one change is the images in the matrix."""
+    before = (REFERENCE_HOST / path).read_text(encoding="utf-8")
+    after = (host / path).read_text(encoding="utf-8")
+    assert before.count("image: [api]") == 1
+    assert after == before.replace(
+        "image: [api]", "image: [api, shipment-notifier, invoice-mailer]"
+    )
+
+
+def _steps(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(job.get("steps") or [])
+
+
+def test_staging_builds_pushes_under_the_commit_and_records_the_digest(host: Path) -> None:
+    workflow = yaml.safe_load((host / STAGING).read_text())
+    [(job_id, images)] = [
+        (name, job["strategy"]["matrix"]["image"])
+        for name, job in workflow["jobs"].items()
+        if "strategy" in job
+    ]
+    assert images == ["api", "shipment-notifier", "invoice-mailer"]
+    steps = _steps(workflow["jobs"][job_id])
+    [build] = [s for s in steps if str(s.get("uses", "")).startswith("docker/build-push-action")]
+    assert build["with"]["file"] == "deployment/docker/${{ matrix.image }}.Dockerfile"
+    assert build["with"]["push"] is True
+    assert build["with"]["tags"].endswith(":${{ github.sha }}")
+    records = [s for s in steps if f"steps.{build['id']}.outputs.digest" in str(s.get("env"))]
+    assert len(records) == 1 and steps.index(records[0]) > steps.index(build)
+    assert '"/acme/images/${GITHUB_SHA}/${IMAGE}"' in records[0]["run"]
+
+
+def test_production_promotes_the_recorded_digest_and_never_rebuilds(host: Path) -> None:
+    workflow = yaml.safe_load((host / PRODUCTION).read_text())
+    jobs = workflow["jobs"]
+    [(verify_id, images)] = [
+        (name, job["strategy"]["matrix"]["image"])
+        for name, job in jobs.items()
+        if "strategy" in job
+    ]
+    assert images == ["api", "shipment-notifier", "invoice-mailer"]
+    text = (host / PRODUCTION).read_text()
+    assert "build-push-action" not in text and "docker build" not in text
+    assert "docker push" not in text
+    verify = _steps(jobs[verify_id])
+    checks = [s for s in verify if "aws ssm get-parameter " in str(s.get("run"))]
+    assert len(checks) == 1 and "exit 1" in checks[0]["run"]
+    assert checks[0]["env"]["IMAGE"] == "${{ matrix.image }}"
+    deployers = [name for name, job in jobs.items() if job.get("needs") == verify_id]
+    assert len(deployers) == 1
+    deploy_steps = _steps(jobs[deployers[0]])
+    assert deploy_steps[0]["with"]["ref"] == f"${{{{ needs.{verify_id}.outputs.sha }}}}"
+    assert any("/acme/images/${SHA}/" in str(s.get("run")) for s in deploy_steps)
+
+
+# --- local compose ------------------------------------------------------------------------
+
+
+def test_compose_validates_against_the_compose_spec(host: Path) -> None:
+    for path in (COMPOSE_FULL, COMPOSE):
+        done = _run(
+            str(VENV_BIN / "check-jsonschema"),
+            "--builtin-schema",
+            "vendor.compose-spec",
+            path,
+            cwd=host,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_container_worker_runs_in_compose_and_the_other_does_not(host: Path) -> None:
+    full = yaml.safe_load((host / COMPOSE_FULL).read_text())
+    base = yaml.safe_load((host / COMPOSE).read_text())
+    services = full["services"]
+    assert list(services) == ["api", "invoice-mailer"], "only the container: true worker"
+    service = services["invoice-mailer"]
+    assert service["build"] == {
+        "context": "../..",
+        "dockerfile": "deployment/docker/invoice-mailer.Dockerfile",
+    }
+    assert (host / COMPOSE_FULL).parent.joinpath(service["build"]["context"]).resolve() == host
+    assert service["depends_on"] == {
+        "postgres": {"condition": "service_healthy"},
+        "redis": {"condition": "service_healthy"},
+    }
+    assert {"postgres", "redis"} <= set(base["services"])
+    env = service["environment"]
+    assert env["ACME_DATABASE_URL"] == services["api"]["environment"]["ACME_DATABASE_URL"]
+    assert env["ACME_REDIS_URL"] == services["api"]["environment"]["ACME_REDIS_URL"]
+    assert all(isinstance(v, str) for v in env.values()), "compose values stay strings"
+    for field, local in patcher.WORKER_SETTINGS:
+        key = f"INVOICE_MAILER_{field.upper()}"
+        if field == "metrics_host":
+            assert env[key] == "0.0.0.0"
+        elif field == "metrics_port":
+            assert env[key] == str(deploy.CONTAINER_METRICS_PORT)
+        else:
+            assert env[key] == local.format(lane="billing", metrics_port=""), key
+    [port] = service["ports"]
+    address, published, target = port.split(":")
+    assert address == "127.0.0.1" and target == env["INVOICE_MAILER_METRICS_PORT"]
+    others = {p.split(":")[-2] for s in services.values() if s is not service for p in s["ports"]}
+    assert published not in others
+
+
+def test_compose_keeps_its_comments_and_the_existing_service(host: Path) -> None:
+    before = (REFERENCE_HOST / COMPOSE_FULL).read_text(encoding="utf-8")
+    after = (host / COMPOSE_FULL).read_text(encoding="utf-8")
+    assert after.startswith(before + "\n  invoice-mailer:\n")
+    assert not after.endswith("\n\n")
+
+
+# --- idempotence -----------------------------------------------------------------------------
+
+
+def test_fragments_applied_again_change_nothing(host: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "again"
+    shutil.copytree(host, copy, symlinks=True)
+    before = _snapshot(copy)
+    for answers in WORKERS:
+        spec = patcher.Spec.from_answers(
+            yaml.safe_load(
+                (copy / f"workers/{answers['worker_name']}/.copier-answers.yml").read_text()
+            )
+        )
+        assert patcher.check_host(copy, spec) == []
+        assert patcher.apply(copy, spec) == []
+    assert _snapshot(copy) == before
+
+
+@pytest.mark.parametrize("path", [STAGING, PRODUCTION, COMPOSE_FULL])
+def test_each_deploy_edit_twice_is_byte_identical(path: str) -> None:
+    spec = patcher.Spec(
+        worker_name="invoice-mailer",
+        work_kind="SEND_INVOICE",
+        lane="billing",
+        host_root="acme",
+        namespace_absent=False,
+        container=True,
+    )
+    [edit] = [e for e in deploy.fragments(spec, patcher.WORKER_SETTINGS) if e.path == path]
+    original = (REFERENCE_HOST / path).read_text(encoding="utf-8")
+    once = edit.edit(original)
+    assert once != original
+    assert edit.edit(once) == once
+    assert edit.edit(once) is once, "an edit that finds its entry returns the text it got"
+
+
+# --- refusals -----------------------------------------------------------------------------
+
+REFUSALS = [
+    (
+        STAGING,
+        "    strategy:\n      matrix:\n        image: [api]\n",
+        "",
+        f"{STAGING}: no job with a `strategy.matrix.image` list",
+    ),
+    (
+        STAGING,
+        "file: deployment/docker/${{ matrix.image }}.Dockerfile",
+        "file: deployment/docker/api.Dockerfile",
+        (
+            f"{STAGING}: no job with a `strategy.matrix.image` list builds "
+            "`deployment/docker/${{ matrix.image }}.Dockerfile`"
+        ),
+    ),
+    (
+        PRODUCTION,
+        "    strategy:\n      matrix:\n        image: [api]\n",
+        "",
+        f"{PRODUCTION}: no job with a `strategy.matrix.image` list",
+    ),
+    (
+        "deployment/terraform/environments/staging/main.tf",
+        'variable "autoscaling_enabled" {',
+        'variable "scaling" {',
+        'deployment/terraform/environments/staging: no `variable "autoscaling_enabled"`',
+    ),
+    (
+        "deployment/terraform/environments/production/main.tf",
+        'resource "aws_sns_topic" "alarms" {',
+        'resource "aws_sns_topic" "alerts" {',
+        'deployment/terraform/environments/production: no `resource "aws_sns_topic" "alarms"`',
+    ),
+    (
+        "deployment/terraform/environments/staging/main.tf",
+        "  shared_secrets = {",
+        "  secrets = {",
+        "deployment/terraform/environments/staging: no local `shared_secrets`",
+    ),
+    (
+        f"{MODULE_DIR}/variables.tf",
+        'variable "deployment_maximum_percent" {',
+        'variable "max_percent" {',
+        f'{MODULE_DIR}: no `variable "deployment_maximum_percent"`',
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "old", "new", "expected"), REFUSALS)
+def test_host_without_the_structure_is_refused_before_writing(
+    fresh_host: Path,
+    template_repo: Path,
+    path: str,
+    old: str,
+    new: str,
+    expected: str,
+) -> None:
+    target = fresh_host / path
+    text = target.read_text(encoding="utf-8")
+    assert old in text
+    target.write_text(text.replace(old, new), encoding="utf-8")
+    commit_all(fresh_host, "break the host")
+    with pytest.raises(UserMessageError) as caught:
+        _copy(template_repo, fresh_host, FIRST)
+    assert expected in str(caught.value)
+    assert tree_state(fresh_host) == "", "a refused copy must leave the tree untouched"
+
+
+def test_compose_without_services_is_named_for_a_container_worker(fresh_host: Path) -> None:
+    (fresh_host / COMPOSE_FULL).write_text("# nothing here yet\nvolumes: {}\n", encoding="utf-8")
+    spec = patcher.Spec(
+        worker_name="invoice-mailer",
+        work_kind="SEND_INVOICE",
+        lane="billing",
+        host_root="acme",
+        namespace_absent=True,
+        container=True,
+    )
+    problems = patcher.check_host(fresh_host, spec)
+    assert f"{COMPOSE_FULL}: no top-level `services` mapping" in problems
+    without = dataclasses.replace(spec, container=False)
+    assert patcher.check_host(fresh_host, without) == []
+
+
+# --- the image --------------------------------------------------------------------------------
+
+
+def _dockerfile(host: Path, answers: dict[str, Any]) -> str:
+    path = host / f"deployment/docker/{answers['worker_name']}.Dockerfile"
+    if not path.is_file() and not list((REPO / "template/deployment/docker").glob("*")):
+        pytest.skip("template/deployment/docker/ has no Dockerfile template yet")
+    assert path.is_file(), f"{path.name} was not rendered"
+    return path.read_text(encoding="utf-8")
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """`(INSTRUCTION, arguments)` per instruction, continuation lines joined."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    out = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+@pytest.mark.parametrize("answers", WORKERS, ids=[a["worker_name"] for a in WORKERS])
+def test_image_is_linted_non_root_and_checks_healthz(host: Path, answers: dict[str, Any]) -> None:
+    text = _dockerfile(host, answers)
+    path = f"deployment/docker/{answers['worker_name']}.Dockerfile"
+    lint = _run(str(VENV_BIN / "hadolint"), "--no-color", path, cwd=host)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    instructions = _instructions(text)
+    last_stage = max(i for i, (word, _) in enumerate(instructions) if word == "FROM")
+    final = instructions[last_stage:]
+    users = [rest for word, rest in final if word == "USER"]
+    assert users, "the final stage sets a USER"
+    assert users[-1].split(":")[0] not in {"root", "0"}
+    exposed = [rest for word, rest in instructions if word == "EXPOSE"]
+    assert exposed == [str(deploy.CONTAINER_METRICS_PORT)], "the metrics port, alone"
+    [health] = [rest for word, rest in final if word == "HEALTHCHECK"]
+    assert f":{deploy.CONTAINER_METRICS_PORT}/healthz" in health
+    # the task definition passes `command = ["serve"]` after the image's entrypoint
+    entrypoint = [rest for word, rest in final if word == "ENTRYPOINT"]
+    assert entrypoint and answers["worker_name"] in entrypoint[-1]
+    assert "serve" not in entrypoint[-1]
