@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -31,18 +33,23 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "reference-host"
 WORKER = "shipment-notifier"
 KIND = "NOTIFY_SHIPMENT"
 ENV_PREFIX = "SHIPMENT_NOTIFIER_"
-IGNORE = shutil.ignore_patterns(".venv", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache")
+IGNORE = shutil.ignore_patterns(
+    ".venv", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"
+)
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,7 @@ class Backend:
     """Where the demo's queue lives: `database_url` for the app, `admin_url` to observe."""
 
     name: str
-    database_url: str
+    database_url: str | None
     redis_url: str | None
     admin_url: str | None
     sqlite_path: Path | None
@@ -62,7 +69,7 @@ def step(message: str) -> None:
 
 def run(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> None:
     """Run a command; on failure print its output and stop the demo."""
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    done = subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         sys.stdout.write(done.stdout)
         sys.stderr.write(done.stderr)
@@ -72,7 +79,7 @@ def run(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> None
 async def _pg_ok(url: str) -> str | None:
     try:
         conn = await asyncio.wait_for(asyncpg.connect(url), timeout=3)
-    except Exception as exc:  # any failure means "not reachable", reported verbatim
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
         return f"{type(exc).__name__}: {exc}"
     await conn.close()
     return None
@@ -82,7 +89,7 @@ async def _redis_ok(url: str) -> str | None:
     client = aioredis.Redis.from_url(url)
     try:
         await asyncio.wait_for(client.ping(), timeout=3)
-    except Exception as exc:
+    except (OSError, TimeoutError, RedisError) as exc:
         return f"{type(exc).__name__}: {exc}"
     finally:
         await client.aclose()
@@ -93,12 +100,14 @@ def choose_backend(requested: str, work: Path) -> Backend:
     """Pick the backend, naming any unreachable server and how to start it."""
     pg_admin = os.environ.get("DEMO_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     redis_url = os.environ.get("DEMO_REDIS_URL", "redis://127.0.0.1:6379/0")
+    # With no database and no Redis URL the worker runs embedded: the host's local SQLite
+    # file and its in-memory cache and topic twins (wake-ups fall back to polling).
     embedded = Backend(
         "embedded (SQLite + in-memory cache and topics)",
-        f"sqlite+aiosqlite:///{work / 'demo.sqlite3'}",
         None,
         None,
-        work / "demo.sqlite3",
+        None,
+        work / "host" / ".local" / "acme.sqlite3",
     )
     if requested == "embedded":
         return embedded
@@ -106,7 +115,9 @@ def choose_backend(requested: str, work: Path) -> Backend:
     redis_error = asyncio.run(_redis_ok(redis_url))
     if pg_error:
         print(f"demo: PostgreSQL is not reachable at {pg_admin} ({pg_error}).")
-        print("      start it: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start")
+        print(
+            "      start it: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+        )
         print("      or name another server with DEMO_PG_URL=postgresql://user@host:port/db")
     if redis_error:
         print(f"demo: Redis is not reachable at {redis_url} ({redis_error}).")
@@ -143,35 +154,47 @@ def prepare_host(work: Path) -> Path:
 def render(host: Path) -> None:
     copier = str(Path(sys.executable).with_name("copier"))
     run(
-        [copier, "copy", "--trust", "--defaults", "--quiet", "-r", "HEAD", str(REPO), ".",
-         "-d", f"worker_name={WORKER}", "-d", f"work_kind={KIND}"],
+        [
+            copier,
+            "copy",
+            "--trust",
+            "--defaults",
+            "--quiet",
+            "-r",
+            "HEAD",
+            str(REPO),
+            ".",
+            "-d",
+            f"worker_name={WORKER}",
+            "-d",
+            f"work_kind={KIND}",
+        ],
         cwd=host,
     )
 
 
 def host_env(backend: Backend, *, metrics_port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_PROJECT"))}
+    for name in ("ACME_DATABASE_URL", "ACME_REDIS_URL"):
+        env.pop(name, None)
     env.update(
         {
             "UV_OFFLINE": "1",
-            "ACME_DATABASE_URL": backend.database_url,
             f"{ENV_PREFIX}METRICS_PORT": str(metrics_port),
             f"{ENV_PREFIX}SWEEP_INTERVAL": "2",
             f"{ENV_PREFIX}LEASE": "10",
         }
     )
+    if backend.database_url:
+        env["ACME_DATABASE_URL"] = backend.database_url
     if backend.redis_url:
         env["ACME_REDIS_URL"] = backend.redis_url
-    else:
-        env.pop("ACME_REDIS_URL", None)
     return env
 
 
 def prepare_database(host: Path, backend: Backend, env: dict[str, str]) -> None:
-    if backend.sqlite_path is not None:
-        run(["uv", "run", "--all-packages", "--offline", "python", "-m", "acme.om.schema", backend.database_url],
-            cwd=host, env=env)
-        return
+    if backend.database_url is None:
+        return  # the embedded worker creates its SQLite tables at start
     run(["bash", "scripts/infra-up.sh"], cwd=host, env=env)
     admin = os.environ.get("DEMO_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -184,7 +207,8 @@ def prepare_database(host: Path, backend: Backend, env: dict[str, str]) -> None:
             await conn.close()
 
     asyncio.run(recreate())
-    owner_env = {**env, "ACME_MIGRATION_URL": backend.database_url.replace("acme_app@", "acme_owner@")}
+    owner_url = backend.database_url.replace("acme_app@", "acme_owner@")
+    owner_env = {**env, "ACME_MIGRATION_URL": owner_url}
     run(["make", "migrate"], cwd=host, env=owner_env)
 
 
@@ -192,6 +216,8 @@ async def counts(backend: Backend) -> dict[str, int]:
     """Item counts by status, read by the demo itself (not through the worker)."""
     query = "SELECT status, count(*) FROM work_items WHERE deleted_at IS NULL GROUP BY status"
     if backend.sqlite_path is not None:
+        if not backend.sqlite_path.exists():
+            return {}
         with sqlite3.connect(backend.sqlite_path, timeout=5) as db:
             return {str(s).lower(): int(n) for s, n in db.execute(query)}
     assert backend.admin_url is not None
@@ -205,8 +231,12 @@ async def counts(backend: Backend) -> dict[str, int]:
 def start_worker(host: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     out = log.open("ab")
     return subprocess.Popen(
-        ["uv", "run", "--all-packages", "--offline", WORKER, "serve"], cwd=host, env=env, stdout=out,
-        stderr=subprocess.STDOUT, start_new_session=True,
+        ["uv", "run", "--all-packages", "--offline", WORKER, "serve"],
+        cwd=host,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -215,7 +245,9 @@ def wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: f
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             sys.stdout.write(log.read_text(errors="replace")[-4000:])
-            raise SystemExit(f"demo: the worker exited with {proc.returncode} before it was healthy")
+            raise SystemExit(
+                f"demo: the worker exited with {proc.returncode} before it was healthy"
+            )
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
                 if r.status == 200:
@@ -236,18 +268,19 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=200, help="items to enqueue (default 200)")
     parser.add_argument("--backend", choices=["auto", "server", "embedded"], default="auto")
     parser.add_argument("--chaos", action="store_true", help="SIGKILL the worker mid-run, restart")
-    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("DEMO_PORT", "9464")))
-    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the items")
+    parser.add_argument(
+        "--metrics-port", type=int, default=int(os.environ.get("DEMO_PORT", "9464"))
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=180.0, help="seconds to wait for the items"
+    )
     args = parser.parse_args()
 
     work = REPO / ".demo"
-    backend = choose_backend(args.backend, work.parent / ".cache")
+    backend = choose_backend(args.backend, work)
     step(f"backend: {backend.name}")
     step(f"copying the reference host into {work / 'host'}")
     host = prepare_host(work)
-    if backend.sqlite_path is not None:
-        backend = Backend(backend.name, f"sqlite+aiosqlite:///{work / 'demo.sqlite3'}", None, None,
-                          work / "demo.sqlite3")
     step(f"copier copy: worker_name={WORKER} work_kind={KIND}")
     render(host)
     env = host_env(backend, metrics_port=args.metrics_port)
@@ -263,16 +296,33 @@ def main() -> int:
         wait_healthy(args.metrics_port, worker, log)
         step(f"enqueueing {args.count} items from a second process")
         started = time.monotonic()
-        run(["uv", "run", "--all-packages", "--offline", WORKER, "enqueue", "--count", str(args.count),
-             "--idempotency-prefix", "demo"], cwd=host, env=env)
+        run(
+            [
+                "uv",
+                "run",
+                "--all-packages",
+                "--offline",
+                WORKER,
+                "enqueue",
+                "--count",
+                str(args.count),
+                "--payload",
+                json.dumps({"record_id": str(uuid.uuid4()), "note": "demo"}),
+            ],
+            cwd=host,
+            env=env,
+        )
         killed = False
         while True:
             c = asyncio.run(counts(backend))
             finished = c.get("completed", 0) + c.get("failed", 0)
-            print(f"\r  {bar(finished, args.count)} {finished:>4}/{args.count}  "
-                  f"available {c.get('available', 0):>4}  claimed {c.get('claimed', 0):>3}  "
-                  f"completed {c.get('completed', 0):>4}  failed {c.get('failed', 0):>3}",
-                  end="", flush=True)
+            print(
+                f"\r  {bar(finished, args.count)} {finished:>4}/{args.count}  "
+                f"available {c.get('available', 0):>4}  claimed {c.get('claimed', 0):>3}  "
+                f"completed {c.get('completed', 0):>4}  failed {c.get('failed', 0):>3}",
+                end="",
+                flush=True,
+            )
             if args.chaos and not killed and finished >= args.count // 3:
                 print()
                 step(f"chaos: SIGKILL the worker (pid {worker.pid}) with items in flight")
@@ -302,16 +352,22 @@ def main() -> int:
                 code = worker.wait()
             print(f"  the worker exited with {code} after {time.monotonic() - drain_started:.1f} s")
 
+    # Every worker process appends to the same log: an item completed by two holders would
+    # show two `completed item_id=<id>` lines. The claim token fences the second one out.
+    log_text = log.read_text(errors="replace")
+    completions = Counter(re.findall(r"completed item_id=(\S+)", log_text))
+    retried = len(re.findall(r"attempt failed; requeued item_id=", log_text))
+    twice = sum(1 for n in completions.values() if n > 1)
     completed = c.get("completed", 0)
-    failed = c.get("failed", 0)
-    dead = failed  # a dead letter is a failed row (seed 000): the two counts are one
+    dead = c.get("failed", 0)  # a dead letter is a failed row (seed 000)
     step("summary")
-    print(f"  completed      {completed}/{args.count}")
-    print(f"  failed         {failed}")
-    print(f"  dead-lettered  {dead}")
-    print(f"  elapsed        {elapsed:.2f} s")
-    print(f"  throughput     {args.count / elapsed:.1f} items/s")
-    return 0 if completed == args.count else 1
+    print(f"  completed       {completed}/{args.count}")
+    print(f"  failed          {retried} attempt(s), retried with backoff")
+    print(f"  dead-lettered   {dead}")
+    print(f"  completed twice {twice}")
+    print(f"  elapsed         {elapsed:.2f} s")
+    print(f"  throughput      {args.count / elapsed:.1f} items/s")
+    return 0 if completed == args.count and twice == 0 else 1
 
 
 if __name__ == "__main__":

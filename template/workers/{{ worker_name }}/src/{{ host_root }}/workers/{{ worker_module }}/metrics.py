@@ -82,12 +82,6 @@ class WorkerMetrics:
         self.queue_depth = Gauge(
             "worker_queue_depth", "Available items per lane", ["lane"], registry=registry
         )
-        self.oldest_available_age = Gauge(
-            "worker_queue_oldest_available_age_seconds",
-            "Age of the oldest available item per lane, seconds",
-            ["lane"],
-            registry=registry,
-        )
         self.handle_duration = Histogram(
             "worker_handle_duration_seconds",
             "Time a handler ran, seconds",
