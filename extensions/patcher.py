@@ -66,6 +66,7 @@ else:
     MISSING_DEPS = None
     pyedit = _sibling("pyedit")
     deploy = _sibling("deploy")
+    lifecycle = _sibling("lifecycle")
 
 INSTALL_HINT = (
     "install copier with the template's extras: "
@@ -225,7 +226,14 @@ def _enum_add(module: cst.Module, cls: str, name: str, value: str, where: str) -
     return module.deep_replace(node, node.with_changes(body=node.body.with_changes(body=body)))
 
 
-def _dict_add(module: cst.Module, var: str, key: str, value: str, where: str) -> cst.Module:
+def _dict_add(
+    module: cst.Module, var: str, key: str, value: str, where: str, limit: int | None = None
+) -> cst.Module:
+    """`var`'s dict literal with `key: value` appended; with `limit` (characters), a value
+    whose entry line would pass it goes in parentheses on a line of its own, as ruff keeps
+    it (ruff never splits a bare name)."""
+    if limit is not None and len(f"{pyedit.INDENT}{key}: {value},") > limit:
+        value = f"(\n{pyedit.INDENT * 2}{value}\n{pyedit.INDENT})"
     statement = pyedit.find_assignment(module, var)
     if statement is None:
         raise Missing(f"{where}: no top-level `{var} = {{...}}`")
@@ -351,15 +359,19 @@ def edit_kinds(text: str, spec: Spec, limit: int) -> str:
     names = spec.names
     kind, payload = spec.work_kind, names["payload_class"]
     module = _enum_add(module, "WorkKind", kind, kind, where)
-    module = _relative_import(module, f"payloads.{names['kind_snake']}", payload, where)
-    module = _dict_add(module, "WORK_PAYLOADS", f"WorkKind.{kind}", payload, where)
-    module = _dict_add(module, "WORK_POLICIES", f"WorkKind.{kind}", spec.policy, where)
+    module = _relative_import(module, f"payloads.{names['kind_snake']}", payload, where, limit)
+    module = _dict_add(module, "WORK_PAYLOADS", f"WorkKind.{kind}", payload, where, limit)
+    module = _dict_add(module, "WORK_POLICIES", f"WorkKind.{kind}", spec.policy, where, limit)
     return module.code
 
 
-def _relative_import(module: cst.Module, sub: str, name: str, where: str) -> cst.Module:
-    """`from .<sub> import <name>`, sorted among the other one-dot relative imports."""
-    for statement in module.body:
+def _relative_import(
+    module: cst.Module, sub: str, name: str, where: str, limit: int = 100
+) -> cst.Module:
+    """`from .<sub> import <name>`, sorted among the other one-dot relative imports, and
+    wrapped in parentheses as ruff wraps it when one line would pass `limit` (characters);
+    an existing one-line import of `name` that passes `limit` is wrapped the same way."""
+    for i, statement in enumerate(module.body):
         node = pyedit._import_of(statement)
         if (
             isinstance(node, cst.ImportFrom)
@@ -368,8 +380,14 @@ def _relative_import(module: cst.Module, sub: str, name: str, where: str) -> cst
             and not isinstance(node.names, cst.ImportStar)
             and any(pyedit._dotted(a.name) == name for a in node.names)
         ):
-            return module
-    new = pyedit.stmt(f"from .{sub} import {name}\n")
+            present = [pyedit._dotted(a.name) for a in node.names]
+            wanted = pyedit.from_import(f".{sub}", present, limit)
+            if node.lpar is not None or "\n" not in wanted:
+                return module
+            body = list(module.body)
+            body[i] = pyedit.stmt(wanted + "\n").with_changes(leading_lines=statement.leading_lines)
+            return module.with_changes(body=body)
+    new = pyedit.stmt(pyedit.from_import(f".{sub}", [name], limit) + "\n")
     body = list(module.body)
     relatives = [
         i
@@ -902,7 +920,30 @@ def fragments(spec: Spec) -> list[Fragment]:
         Fragment(edit.name, lambda s, path=edit.path: path, _deploy_edit(edit.edit))
         for edit in deploy.fragments(spec, WORKER_SETTINGS)
     ]
+    # The host's update helpers: scripts/workers.py, the Makefile targets, the CI job
+    # (extensions/lifecycle.py; docs/updating.md).
+    plan += [
+        Fragment(
+            edit.name,
+            lambda s, path=edit.path: path,
+            _lifecycle_edit(edit.edit),
+            create=(lambda s, make=edit.create: make()) if edit.create else None,
+        )
+        for edit in lifecycle.fragments(spec)
+    ]
     return plan
+
+
+def _lifecycle_edit(edit: Callable[[str], str]) -> Callable[[str, Spec, int], str]:
+    """A lifecycle fragment (extensions/lifecycle.py) as a patcher edit, refusals as `Missing`."""
+
+    def run(text: str, spec: Spec, limit: int) -> str:
+        try:
+            return edit(text)
+        except lifecycle.Missing as exc:
+            raise Missing(str(exc)) from exc
+
+    return run
 
 
 def _deploy_edit(edit: Callable[[str], str]) -> Callable[[str, Spec, int], str]:

@@ -283,6 +283,17 @@ def has_import(module: cst.Module, from_module: str, name: str) -> bool:
     return False
 
 
+def from_import(from_module: str, names: Sequence[str], limit: int) -> str:
+    """`from <from_module> import <names>` as ruff writes it: the names sorted, on one line
+    when it fits `limit` (characters), else one name a line in parentheses."""
+    ordered = sorted(names, key=_member_key)
+    text = f"from {from_module} import " + ", ".join(ordered)
+    if len(text) <= limit:
+        return text
+    inner = "".join(f"{INDENT}{n},\n" for n in ordered)
+    return f"from {from_module} import (\n{inner})"
+
+
 def add_import(module: cst.Module, from_module: str, name: str, limit: int) -> cst.Module:
     """`module` with `from <from_module> import <name>` (absolute), placed as ruff sorts it.
 
@@ -302,14 +313,11 @@ def add_import(module: cst.Module, from_module: str, name: str, limit: int) -> c
             and not isinstance(node.names, cst.ImportStar)
         ):
             names = [*(_dotted(a.name) for a in node.names), name]
-            text = f"from {from_module} import " + ", ".join(sorted(names, key=_member_key))
-            if len(text) > limit:
-                inner = "".join(f"{INDENT}{n},\n" for n in sorted(names, key=_member_key))
-                text = f"from {from_module} import (\n{inner})"
+            text = from_import(from_module, names, limit)
             new = cst.parse_statement(text).with_changes(leading_lines=statement.leading_lines)
             body[i] = new
             return module.with_changes(body=body)
-    new_node = cst.parse_statement(f"from {from_module} import {name}")
+    new_node = cst.parse_statement(from_import(from_module, [name], limit))
     new_import = _import_of(new_node)
     assert new_import is not None
     section = _section(new_import)

@@ -4,6 +4,10 @@
   minus ignored ones) committed into a temporary git repository and tagged `v0.0.1`; a
   second commit that changes one rendered file is tagged `v0.0.2`, for update tests. So
   uncommitted template changes render, and the repo under test is never touched.
+- `template_history` (session): the same snapshot tagged `v0.0.1`, then a scripted release
+  `v0.0.2` (`release_change`): a changed line in a worker-owned file, changes to the
+  protected files, a renamed worker file with its `_migrations` step, and a change next to
+  the `WorkKind` import of the namespace. tests/test_update.py updates across it.
 - `make_host` (factory): a fresh git-initialised copy of `tests/fixtures/reference-host/`
   (or another fixture folder), committed, ready to render into.
 - `render` (factory): `copier.run_copy` of the template into a host with the answers given.
@@ -87,11 +91,9 @@ def _working_tree_files() -> list[str]:
     return [f for f in out.split("\0") if f and (REPO / f).is_file()]
 
 
-@pytest.fixture(scope="session")
-def template_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The working tree as a git repo tagged `v0.0.1`, then `v0.0.2` (one rendered change)."""
-    dst = tmp_path_factory.mktemp("template") / "worker-template"
-    dst.mkdir()
+def snapshot_template(dst: Path) -> Path:
+    """Copy the template's working tree into `dst`, git-initialised, committed, tagged `v0.0.1`."""
+    dst.mkdir(parents=True)
     for rel in _working_tree_files():
         if "/.venv/" in f"/{rel}" or "__pycache__" in rel:
             continue
@@ -101,11 +103,83 @@ def template_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     git(dst, "init", "-q", "-b", "main")
     commit_all(dst, "template snapshot")
     git(dst, "tag", "v0.0.1")
+    return dst
+
+
+@pytest.fixture(scope="session")
+def template_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The working tree as a git repo tagged `v0.0.1`, then `v0.0.2` (one rendered change)."""
+    dst = snapshot_template(tmp_path_factory.mktemp("template") / "worker-template")
     answers = dst / "template" / "{{ _copier_conf.answers_file }}.jinja"
     answers.write_text(f"{UPDATE_MARKER}\n" + answers.read_text(encoding="utf-8"), encoding="utf-8")
     commit_all(dst, "a change to bring by update")
     git(dst, "tag", "v0.0.2")
     return dst
+
+
+# The scripted release v0.0.2 of `template_history` (paths inside the template repo).
+WORKER_TPL = "template/workers/{{ worker_name }}"
+PKG_TPL = f"{WORKER_TPL}/src/{{{{ host_root }}}}/workers/{{{{ worker_module }}}}"
+NAMESPACE_TPL = "template/{% if namespace_absent %}om{% endif %}/src/{{ host_root }}/om/work"
+PAYLOAD_TPL = "template/om/src/{{ host_root }}/om/work/types/payloads/{{ kind_snake }}.py.jinja"
+RELEASE_LINE = "Changed in template v0.0.2."
+RELEASE_PROTECTED = "# template v0.0.2: a change copier must not bring into a user-owned file"
+RELEASE_KINDS = "# template v0.0.2: the kinds come from the patcher-owned module below"
+RENAMED_FROM = "workers/{worker_name}/README.md"
+RENAMED_TO = "workers/{worker_name}/docs/README.md"
+RELEASE_MIGRATION = f"""_migrations:
+  - version: v0.0.2
+    command:
+      - "{{{{ _copier_python }}}}"
+      - "{{{{ _copier_conf.src_path }}}}/extensions/lifecycle.py"
+      - move
+      - --answers-file
+      - "{{{{ _copier_conf.answers_file }}}}"
+      - --from
+      - "{RENAMED_FROM}"
+      - --to
+      - "{RENAMED_TO}"
+"""
+
+
+def release_change(repo: Path) -> None:
+    """The scripted template change of release v0.0.2, applied to a template git repo.
+
+    - `main.py`: its first line changed (a worker-owned, copier-merged file);
+    - `handler.py`, `test_handler.py` and the payload model: a line appended (they are in
+      `_skip_if_exists`, so no update may bring it);
+    - the worker's `README.md` moved to `docs/README.md`, with the `_migrations` step;
+    - the namespace's `types/work_item.py`: a comment above `from .kinds import ... WorkKind`.
+    """
+    main = repo / PKG_TPL / "main.py.jinja"
+    lines = main.read_text(encoding="utf-8").splitlines(keepends=True)
+    assert lines[0].startswith('"""'), lines[0]
+    lines[0] = f'"""{RELEASE_LINE} ' + lines[0][3:]
+    main.write_text("".join(lines), encoding="utf-8")
+    for rel in (f"{PKG_TPL}/handler.py.jinja", f"{WORKER_TPL}/tests/test_handler.py.jinja", PAYLOAD_TPL):
+        path = repo / rel
+        path.write_text(path.read_text(encoding="utf-8") + f"{RELEASE_PROTECTED}\n", encoding="utf-8")
+    (repo / WORKER_TPL / "docs").mkdir()
+    git(repo, "mv", f"{WORKER_TPL}/README.md.jinja", f"{WORKER_TPL}/docs/README.md.jinja")
+    config = repo / "copier.yml"
+    text = config.read_text(encoding="utf-8")
+    assert "_migrations: []\n" in text
+    config.write_text(text.replace("_migrations: []\n", RELEASE_MIGRATION), encoding="utf-8")
+    item = repo / NAMESPACE_TPL / "types" / "work_item.py.jinja"
+    text = item.read_text(encoding="utf-8")
+    anchor = "from .kinds import"
+    assert text.count(anchor) == 1
+    item.write_text(text.replace(anchor, f"{RELEASE_KINDS}\n{anchor}"), encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def template_history(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The working tree tagged `v0.0.1`, then the scripted release tagged `v0.0.2`."""
+    repo = snapshot_template(tmp_path_factory.mktemp("history") / "worker-template")
+    release_change(repo)
+    commit_all(repo, "release v0.0.2: scripted template change")
+    git(repo, "tag", "v0.0.2")
+    return repo
 
 
 @pytest.fixture

@@ -80,8 +80,10 @@ def test_first_worker_applies_every_changed_row(host: Path) -> None:
     assert changed == sorted(
         [
             ".env.example",
+            ".github/workflows/ci.yml",
             ".github/workflows/deploy-production.yml",
             ".github/workflows/deploy-staging.yml",
+            "Makefile",
             "infra/src/acme/infra/cache/__init__.py",
             "infra/src/acme/infra/topics/__init__.py",
             "om/README.md",
@@ -95,6 +97,7 @@ def test_first_worker_applies_every_changed_row(host: Path) -> None:
             "om/tests/unit/test_request_stage.py",
             "pyproject.toml",
             "scripts/dev.sh",
+            "scripts/workers.py",
         ]
     )
     om = host / "om/src/acme/om"

@@ -13,6 +13,7 @@ from typing import Any
 
 import copier
 import pytest
+import tomlkit
 import yaml
 from conftest import UPDATE_MARKER, VENV_BIN, commit_all, load_extension, tree_state, uv_sync
 from copier.errors import UserMessageError
@@ -49,6 +50,8 @@ NAMESPACE_FILES = [
     "om/tests/unit/test_work_storage.py",
     "om/tests/integration/test_work_storage_postgres.py",
     "om/tests/unit/test_work_manager.py",
+    "om/tests/unit/test_outbox_relay_work.py",
+    f"{WORK}/enqueuers/__init__.py",
 ]
 MIGRATION_PATTERNS = [
     r"om/migrations/sql/queue/\d{14}_work_items\.up\.sql",
@@ -65,6 +68,8 @@ WORKER_FILES = [
     f"{PKG}/main.py",
     f"{WORKER}/tests/test_handler.py",
     f"{WORKER}/tests/test_loop.py",
+    f"{WORK}/enqueuers/notify_shipment.py",
+    "om/tests/unit/test_enqueue_notify_shipment.py",
     "deployment/docker/shipment-notifier.Dockerfile",
     f"{WORKER}/.copier-answers.yml",
 ]
@@ -109,9 +114,37 @@ def test_no_jinja_residue(rendered: Path) -> None:
 
 
 def test_rendered_python_is_ruff_clean(rendered: Path) -> None:
+    assert_ruff_clean(rendered)
+
+
+# The longest names the answers allow in practice: the patched `kinds.py` wraps the payload
+# import as ruff does and the rendered modules keep every line within the host's 100.
+LONG_ANSWERS = {
+    "worker_name": "inventory-reconciliation-exporter",
+    "work_kind": "RECONCILE_WAREHOUSE_INVENTORY_SNAPSHOT",
+    "lane": "bulk_exports",
+}
+
+
+def test_long_names_render_ruff_clean(
+    make_host: Callable[..., Path], render: Callable[..., Any]
+) -> None:
+    host = make_host()
+    render(host, **LONG_ANSWERS)
+    kinds = (host / WORK / "types/kinds.py").read_text()
+    assert (
+        "from .payloads.reconcile_warehouse_inventory_snapshot import (\n"
+        "    ReconcileWarehouseInventorySnapshotPayload,\n)\n"
+    ) in kinds
+    assert (host / WORK / "enqueuers/reconcile_warehouse_inventory_snapshot.py").is_file()
+    assert_ruff_clean(host)
+
+
+def assert_ruff_clean(host: Path) -> None:
+    """`ruff check` and `ruff format --check` over the whole of `host`, with its own config."""
     check = subprocess.run(
         [str(VENV_BIN / "ruff"), "check", "--output-format", "concise", "."],
-        cwd=rendered,
+        cwd=host,
         capture_output=True,
         text=True,
         check=False,
@@ -119,12 +152,44 @@ def test_rendered_python_is_ruff_clean(rendered: Path) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
     fmt = subprocess.run(
         [str(VENV_BIN / "ruff"), "format", "--check", "."],
-        cwd=rendered,
+        cwd=host,
         capture_output=True,
         text=True,
         check=False,
     )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+CLAIM_NEXT = "acme.om.work.storage.WorkStorageInterface.claim_next"
+
+
+def arch_check(host: Path) -> subprocess.CompletedProcess[str]:
+    """The host's own `scripts/arch_check.py` (stdlib only, so this interpreter serves)."""
+    return subprocess.run(
+        [str(VENV_BIN / "python"), "scripts/arch_check.py"],
+        cwd=host,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def test_arch_check_passes_after_the_render_and_fails_without_claim_next_listed(
+    rendered: Path,
+) -> None:
+    passed = arch_check(rendered)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    pyproject = rendered / "pyproject.toml"
+    doc = tomlkit.parse(pyproject.read_text(encoding="utf-8"))
+    tenantless = doc["tool"]["arch-check"]["options"]["CTX-12"]["tenantless"]  # type: ignore[index]
+    assert CLAIM_NEXT in tenantless
+    tenantless.remove(CLAIM_NEXT)  # type: ignore[union-attr]
+    pyproject.write_text(tomlkit.dumps(doc), encoding="utf-8")
+
+    failed = arch_check(rendered)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert f"{CLAIM_NEXT} takes no org_id" in failed.stderr
 
 
 def test_env_example_lists_every_setting(rendered: Path) -> None:

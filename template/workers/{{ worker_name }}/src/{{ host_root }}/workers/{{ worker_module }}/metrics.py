@@ -2,7 +2,8 @@
 
 Every metric lives on one `CollectorRegistry` the caller owns (a fresh one per test, the
 process registry in production), so two loops in one process never collide. Durations are
-histograms in seconds; counters carry the item's `kind`, gauges the queue `lane`.
+histograms in seconds; counters carry the item's `kind`, gauges the queue `lane` (and the
+kind, for the oldest available age).
 Seed 003 (operability: metrics) and DESIGN.md §6 (Observability).
 Names start with `worker_`: the work manager's own counters (`work_*`, on the default
 registry) count the queue's side of the same events.
@@ -81,6 +82,13 @@ class WorkerMetrics:
         )
         self.queue_depth = Gauge(
             "worker_queue_depth", "Available items per lane", ["lane"], registry=registry
+        )
+        self.queue_oldest_available_age = Gauge(
+            "worker_queue_oldest_available_age_seconds",
+            "Seconds the oldest due available item has waited, per lane and kind, measured on "
+            "the database clock at the last sweep (0 when nothing is due)",
+            ["lane", "kind"],
+            registry=registry,
         )
         self.handle_duration = Histogram(
             "worker_handle_duration_seconds",

@@ -1,0 +1,767 @@
+#!/usr/bin/env python3
+# worker-template: host helper (written by the template's patcher; `copier update` replaces it)
+"""Update, check, remove, rename and restore the workers made by the worker template.
+
+Run from anywhere inside the host repository (the Makefile targets call it):
+
+    python3 scripts/workers.py update <name> [--ref REF]   one worker (make update-worker NAME=x)
+    python3 scripts/workers.py update-all [--commit]       every worker (make update-workers)
+    python3 scripts/workers.py check-update                workers behind the template
+    python3 scripts/workers.py remove <name>               fragments reversed, files removed
+    python3 scripts/workers.py rename <old> <new>          files, answers and fragments moved
+    python3 scripts/workers.py restore <name> <path>       a deleted worker file rendered again
+
+`update` runs `copier update` from the host root with the worker's answers file
+(`workers/<name>/.copier-answers.yml`; copier cannot find it otherwise) and the right
+`--vcs-ref`: the newest release tag, or the template's HEAD when the worker was copied from
+a commit past that tag (a plain update would refuse it as a downgrade). It then looks for
+unmerged paths, `*.rej` files and conflict markers, counting untracked files as changes.
+
+Exit codes: 0 done; 1 refused or copier failed; 2 conflicts left to resolve; 3 stopped
+with one worker's update left uncommitted (`update-all` without `--commit`).
+
+Standard library only: it runs with the host's `python3`, copier is the `copier` on PATH
+(or `$COPIER`). See docs/updating.md in the worker template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ANSWERS = ".copier-answers.yml"
+CONFLICT_MARKERS = ("<<<<<<< before updating", ">>>>>>> after updating")
+UNMERGED = {"DD", "AU", "UD", "UA", "DU", "AA", "UU"}
+TAG = re.compile(r"^v?(\d+(?:\.\d+)*)$")
+DESCRIBED = re.compile(r"^(?P<tag>.+)-(?P<count>\d+)-g(?P<hash>[0-9a-f]+)$")
+WORKER_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+
+OK, REFUSED, CONFLICTS, STOPPED = 0, 1, 2, 3
+
+
+class RefusedError(Exception):
+    """A precondition failed; the message says what to do."""
+
+
+# --- small helpers --------------------------------------------------------------------------
+
+
+def git(root: Path, *args: str, check: bool = True) -> str:
+    """Run git in `root`; stdout, or `RefusedError` with git's message when `check` fails."""
+    done = subprocess.run(["git", *args], check=False, cwd=root, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise RefusedError(f"git {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def host_root() -> Path:
+    """The top of the git repository holding the current folder."""
+    top = git(Path.cwd(), "rev-parse", "--show-toplevel").strip()
+    return Path(top)
+
+
+def copier_cmd() -> list[str]:
+    """The copier command: `$COPIER` (split like a shell would) or `copier`."""
+    return shlex.split(os.environ.get("COPIER", "copier"))
+
+
+def read_answers(path: Path) -> dict[str, object]:
+    """The top-level scalars of a copier answers file (the YAML copier writes).
+
+    Values are strings, except `true`/`false` (bool) and plain integers.
+    """
+    answers: dict[str, object] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        match = re.match(r"^([A-Za-z_][\w]*):\s*(.*)$", line)
+        if not match:
+            continue
+        key, raw = match.group(1), match.group(2).strip()
+        if raw[:1] == "'" and raw[-1:] == "'" and len(raw) >= 2:
+            value: object = raw[1:-1].replace("''", "'")
+        elif raw[:1] == '"' and raw[-1:] == '"' and len(raw) >= 2:
+            value = raw[1:-1].encode().decode("unicode_escape")
+        elif raw in {"true", "false"}:
+            value = raw == "true"
+        elif re.fullmatch(r"-?\d+", raw):
+            value = int(raw)
+        else:
+            value = raw
+        answers[key] = value
+    return answers
+
+
+def answers_file(root: Path, name: str) -> Path:
+    """`workers/<name>/.copier-answers.yml`, or `RefusedError` naming the workers there are."""
+    path = root / "workers" / name / ANSWERS
+    if not name or not path.is_file():
+        known = ", ".join(all_workers(root)) or "none"
+        raise RefusedError(f"no worker {name!r} (workers made by the template: {known})")
+    return path
+
+
+def all_workers(root: Path) -> list[str]:
+    """Every worker folder with an answers file, sorted."""
+    return sorted(p.parent.name for p in root.glob(f"workers/*/{ANSWERS}"))
+
+
+def changes(root: Path) -> list[str]:
+    """`git status --porcelain` lines, untracked files included (one per file)."""
+    out = git(root, "status", "--porcelain", "--untracked-files=all")
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def require_clean(root: Path) -> None:
+    """Copier refuses to update a dirty tree: say so before calling it."""
+    dirty = changes(root)
+    if dirty:
+        listed = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
+        raise RefusedError(
+            f"the host has uncommitted changes ({listed}); copier updates only a clean tree: "
+            "commit or stash them first"
+        )
+
+
+def conflicts(root: Path) -> list[str]:
+    """Paths left unmerged, `*.rej` files, and files holding copier's conflict markers."""
+    found: list[str] = []
+    out = git(root, "status", "--porcelain", "--untracked-files=all", "--ignored")
+    for line in out.splitlines():
+        code, path = line[:2], line[3:].strip('"')
+        if code in UNMERGED:
+            found.append(f"{path} (unmerged)")
+        elif path.endswith(".rej"):
+            found.append(f"{path} (rejected hunks)")
+        elif code != "!!" and code.strip() != "D":
+            file = root / path
+            if file.is_file():
+                try:
+                    text = file.read_text(encoding="utf-8", errors="replace")
+                except OSError:
+                    continue
+                if any(line.rstrip() in CONFLICT_MARKERS for line in text.splitlines()):
+                    found.append(f"{path} (conflict markers)")
+    return list(dict.fromkeys(found))
+
+
+# --- versions -------------------------------------------------------------------------------
+
+
+def version(tag: str) -> tuple[int, ...] | None:
+    """`v1.2.3` / `1.2.3` as a tuple; None for a ref that is not a release tag."""
+    match = TAG.match(tag)
+    return tuple(int(p) for p in match.group(1).split(".")) if match else None
+
+
+def remote_refs(src: str, root: Path) -> dict[str, str]:
+    """`git ls-remote` of the template: ref name -> commit (peeled tags win)."""
+    out = git(root, "ls-remote", src, check=False)
+    refs: dict[str, str] = {}
+    for line in out.splitlines():
+        sha, _, ref = line.partition("\t")
+        if ref.endswith("^{}"):
+            refs[ref[:-3]] = sha
+        else:
+            refs.setdefault(ref, sha)
+    return refs
+
+
+def latest_tag(refs: dict[str, str]) -> str | None:
+    """The highest release tag among the template's refs."""
+    tags = [r.removeprefix("refs/tags/") for r in refs if r.startswith("refs/tags/")]
+    released = [t for t in tags if version(t) is not None]
+    return max(released, key=lambda t: version(t) or ()) if released else None
+
+
+def target_ref(recorded: str, refs: dict[str, str]) -> str:
+    """The `--vcs-ref` an update of a worker at `recorded` (its `_commit`) should use.
+
+    The newest release tag, unless the worker is already past it: a copy made from a
+    commit after the newest tag (`copier copy -r HEAD`, recorded as `v1.2.0-3-gabc1234`)
+    or from an untagged template (a bare hash) follows the template's HEAD, since copier
+    refuses to go from `1.2.0.post3` back to `1.2.0` ("Downgrades are not supported").
+    """
+    newest = latest_tag(refs)
+    if newest is None:
+        return "HEAD"
+    exact = version(recorded)
+    if exact is not None:
+        return newest if version(newest) >= exact else "HEAD"  # type: ignore[operator]
+    described = DESCRIBED.match(recorded)
+    if described and (base := version(described.group("tag"))) is not None:
+        return newest if version(newest) > base else "HEAD"  # type: ignore[operator]
+    return newest  # a bare hash: copier reads it as 0.0.0.postN, any release is newer
+
+
+def is_behind(recorded: str, target: str, refs: dict[str, str]) -> bool:
+    """Whether `target` names another template commit than the recorded `_commit`."""
+    if target != "HEAD":
+        return target != recorded
+    head = refs.get("HEAD", "")
+    described = DESCRIBED.match(recorded)
+    short = described.group("hash") if described else recorded
+    if version(recorded) is not None:
+        tagged = refs.get(f"refs/tags/{recorded}", "")
+        return not head or head != tagged
+    return not head or not head.startswith(short)
+
+
+# --- update ---------------------------------------------------------------------------------
+
+
+def update(root: Path, name: str, ref: str | None = None) -> int:
+    """`copier update` of one worker from the host root; see the module docstring."""
+    path = answers_file(root, name)
+    require_clean(root)
+    answers = read_answers(path)
+    recorded = str(answers.get("_commit", ""))
+    src = str(answers.get("_src_path", ""))
+    if not src or not recorded:
+        raise RefusedError(f"{path.relative_to(root)} has no _src_path/_commit: not made by copier")
+    if ref is None:
+        ref = target_ref(recorded, remote_refs(src, root))
+    print(f"==> worker {name}: updating from {recorded} to {ref} ({src})", flush=True)
+    cmd = [
+        *copier_cmd(),
+        "update",
+        "--trust",
+        "--defaults",
+        "--conflict",
+        "inline",
+        "--vcs-ref",
+        ref,
+        "--answers-file",
+        str(path.relative_to(root)),
+    ]
+    done = subprocess.run(cmd, check=False, cwd=root)
+    if done.returncode != 0:
+        print(f"==> worker {name}: copier update failed (exit {done.returncode})", file=sys.stderr)
+        return REFUSED
+    found = conflicts(root)
+    changed = changes(root)
+    if found:
+        print(f"==> worker {name}: {len(found)} conflict(s) to resolve:", file=sys.stderr)
+        for item in found:
+            print(f"      {item}", file=sys.stderr)
+        print(
+            "    Resolve the markers (docs/updating.md), `git add` the files, then commit.",
+            file=sys.stderr,
+        )
+        return CONFLICTS
+    after = str(read_answers(path).get("_commit", recorded))
+    if changed:
+        print(f"==> worker {name}: {after}, {len(changed)} file(s) changed (untracked included)")
+    else:
+        print(f"==> worker {name}: up to date at {after}")
+    return OK
+
+
+def update_all(root: Path, commit: bool) -> int:
+    """Update every worker in turn; stops after the first one left uncommitted."""
+    names = all_workers(root)
+    if not names:
+        print("no workers made by the worker template")
+        return OK
+    require_clean(root)
+    for i, name in enumerate(names):
+        status = update(root, name)
+        if status != OK:
+            return status
+        if not changes(root):
+            continue
+        if commit:
+            after = read_answers(answers_file(root, name)).get("_commit", "")
+            git(root, "add", "-A")
+            git(root, "commit", "-q", "-m", f"Update worker {name} to template {after}")
+            print(f"==> worker {name}: committed")
+            continue
+        rest = names[i + 1 :]
+        if rest:
+            print(
+                f"==> stopped after {name}: copier needs a clean tree for the next worker "
+                f"({', '.join(rest)}). Review and commit, then run again, or pass COMMIT=1 "
+                "to commit each worker's update."
+            )
+            return STOPPED
+    return OK
+
+
+def check_update(root: Path) -> int:
+    """Print each worker's recorded template version and whether a newer one exists."""
+    behind = 0
+    annotate = os.environ.get("GITHUB_ACTIONS") == "true"
+    for name in all_workers(root):
+        answers = read_answers(root / "workers" / name / ANSWERS)
+        recorded = str(answers.get("_commit", ""))
+        src = str(answers.get("_src_path", ""))
+        refs = remote_refs(src, root) if src else {}
+        if not refs:
+            print(f"{name}: {recorded}, template {src or '?'} unreachable")
+            continue
+        target = target_ref(recorded, refs)
+        if is_behind(recorded, target, refs):
+            behind += 1
+            print(f"{name}: {recorded} -> {target} (behind; make update-worker NAME={name})")
+            if annotate:
+                print(f"::warning::worker {name} is behind the template ({recorded} -> {target})")
+        else:
+            print(f"{name}: {recorded} (up to date)")
+    if behind and os.environ.get("STRICT") in {"1", "true", "yes"}:
+        return REFUSED
+    return OK
+
+
+# --- reversing one worker's fragments -------------------------------------------------------
+
+
+def names_of(worker: str, kind: str) -> dict[str, str]:
+    """The derived names the template uses (extensions/naming.py `derive_names`)."""
+    module = worker.replace("-", "_")
+    kind_class = "".join(p.capitalize() for p in kind.split("_") if p)
+    return {
+        "worker_module": module,
+        "worker_env_prefix": module.upper() + "_",
+        "kind_snake": kind.lower(),
+        "payload_class": f"{kind_class}Payload",
+    }
+
+
+def _write(path: Path, old: str, new: str, touched: list[str], root: Path) -> None:
+    if new != old:
+        path.write_text(new, encoding="utf-8")
+        touched.append(str(path.relative_to(root)))
+
+
+def drop_member(text: str, member: str) -> str:
+    """`pyproject.toml`: `"<member>"` out of the workspace members (inline or one per line)."""
+    quoted = rf"""["']{re.escape(member)}["']"""
+    text = re.sub(rf"^[ \t]*{quoted},?[ \t]*\n", "", text, flags=re.MULTILINE)
+    text = re.sub(rf",[ \t]*{quoted}", "", text)
+    return re.sub(rf"{quoted},[ \t]*", "", text)
+
+
+def drop_env_block(text: str, worker: str, prefix: str) -> tuple[str, str | None]:
+    """`.env.example`: the worker's block out; returns its METRICS_PORT value too."""
+    lines = text.splitlines(keepends=True)
+    header = f"# --- worker {worker} ---"
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == header)
+    except StopIteration:
+        return text, None
+    end = start + 1
+    while end < len(lines) and lines[end].startswith(prefix):
+        end += 1
+    port = next(
+        (
+            line.split("=", 1)[1].strip()
+            for line in lines[start:end]
+            if line.startswith(f"{prefix}METRICS_PORT=")
+        ),
+        None,
+    )
+    if start > 0 and not lines[start - 1].strip():
+        start -= 1
+    return "".join(lines[:start] + lines[end:]), port
+
+
+def drop_lines(text: str, patterns: list[str]) -> str:
+    """Every line matching one of the regular expressions, removed."""
+    compiled = [re.compile(p) for p in patterns]
+    kept = [ln for ln in text.splitlines(keepends=True) if not any(c.match(ln) for c in compiled)]
+    return "".join(kept)
+
+
+def drop_image(text: str, image: str) -> str:
+    """A workflow: `<image>` out of every `image:` list (flow `[a, b]` or block `- b`)."""
+
+    def flow(match: re.Match[str]) -> str:
+        items = [i.strip() for i in match.group(2).split(",") if i.strip()]
+        kept = [i for i in items if i.strip("'\"") != image]
+        return f"{match.group(1)}[{', '.join(kept)}]"
+
+    text = re.sub(r"^(\s*image:\s*)\[([^\]\n]*)\]", flow, text, flags=re.MULTILINE)
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    in_list = False
+    for line in lines:
+        if re.match(r"^\s*image:\s*$", line):
+            in_list = True
+        elif in_list and re.match(r"^\s*-\s", line):
+            if line.split("-", 1)[1].strip().strip("'\"") == image:
+                continue
+        elif line.strip():
+            in_list = False
+        out.append(line)
+    return "".join(out)
+
+
+def drop_service(text: str, service: str) -> str:
+    """`docker-compose.full.yml`: the service `<service>` (its whole block) out."""
+    lines = text.splitlines(keepends=True)
+    key = re.compile(rf"^(\s+){re.escape(service)}:\s*$")
+    for i, line in enumerate(lines):
+        match = key.match(line)
+        if not match:
+            continue
+        indent = len(match.group(1))
+        end = i + 1
+        while end < len(lines) and (
+            not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent
+        ):
+            end += 1
+        while end > i + 1 and not lines[end - 1].strip():
+            end -= 1
+        start = i - 1 if i > 0 and not lines[i - 1].strip() else i
+        return "".join(lines[:start] + lines[end:])
+    return text
+
+
+def reverse_fragments(
+    root: Path, answers: dict[str, object], *, keep_kind: bool = False
+) -> list[str]:
+    """Undo the patcher's per-worker edits in the host files many workers share.
+
+    Workspace member, `scripts/dev.sh` line, `.env.example` block, deploy matrix entries,
+    compose service, the kind's line in `work/README.md` and (unless `keep_kind`) its
+    member, payload import and map entries in `work/types/kinds.py`. Shared additions
+    (the topic, the cache scope, the namespace's own rows) stay. Returns the files changed.
+    """
+    worker, kind = str(answers["worker_name"]), str(answers["work_kind"])
+    pkg = str(answers["host_root"])
+    names = names_of(worker, kind)
+    touched: list[str] = []
+    edits: list[tuple[str, object]] = [
+        ("pyproject.toml", lambda t: drop_member(t, f"workers/{worker}")),
+        ("scripts/dev.sh", lambda t: drop_lines(t, [rf"^run {re.escape(worker)} "])),
+        (".env.example", lambda t: drop_env_block(t, worker, names["worker_env_prefix"])[0]),
+        (".github/workflows/deploy-staging.yml", lambda t: drop_image(t, worker)),
+        (".github/workflows/deploy-production.yml", lambda t: drop_image(t, worker)),
+        ("deployment/local/docker-compose.full.yml", lambda t: drop_service(t, worker)),
+        (
+            f"om/src/{pkg}/om/work/README.md",
+            lambda t: drop_lines(
+                t, [rf"^- `{re.escape(kind)}`, handled by the `{re.escape(worker)}` worker$"]
+            ),
+        ),
+    ]
+    if not keep_kind:
+        k = re.escape(kind)
+        edits.append(
+            (
+                f"om/src/{pkg}/om/work/types/kinds.py",
+                lambda t: drop_lines(
+                    t,
+                    [
+                        rf"^\s+{k}\s*=\s*[\"']{k}[\"']\s*$",
+                        (
+                            rf"^from \.payloads\.{re.escape(names['kind_snake'])} import "
+                            rf"{re.escape(names['payload_class'])}\s*$"
+                        ),
+                        rf"^\s+WorkKind\.{k}:\s.*,\s*$",
+                    ],
+                ),
+            )
+        )
+    for rel, edit in edits:
+        path = root / rel
+        if path.is_file():
+            old = path.read_text(encoding="utf-8")
+            _write(path, old, edit(old), touched, root)  # type: ignore[operator]
+    return touched
+
+
+def worker_files(root: Path, answers: dict[str, object]) -> list[Path]:
+    """The files copier rendered for this worker alone (its folder, image, Terraform)."""
+    worker = str(answers["worker_name"])
+    module = names_of(worker, str(answers["work_kind"]))["worker_module"]
+    found = [root / "workers" / worker, root / "deployment" / "docker" / f"{worker}.Dockerfile"]
+    found += sorted(root.glob(f"deployment/terraform/environments/*/worker_{module}.tf"))
+    return [p for p in found if p.exists()]
+
+
+def _set_answer(text: str, key: str, line: str) -> str:
+    """Replace the `key: ...` line of an answers file by `line`."""
+    return re.sub(rf"^{re.escape(key)}:.*$", line.rstrip("\n"), text, count=1, flags=re.MULTILINE)
+
+
+def remove(root: Path, name: str) -> int:
+    """Remove a worker: its files, its kind, its fragments; hand the namespace on if it owns it."""
+    path = answers_file(root, name)
+    require_clean(root)
+    answers = read_answers(path)
+    others = [w for w in all_workers(root) if w != name]
+    if answers.get("namespace_absent") is True:
+        if not others:
+            raise RefusedError(
+                f"{name} owns the work namespace and is the last worker: removing it would "
+                "leave a namespace without kinds. Revert the commit that added it, or follow "
+                "'Removing the last worker' in docs/updating.md"
+            )
+        heir = others[0]
+        heir_path = root / "workers" / heir / ANSWERS
+        heir_answers = read_answers(heir_path)
+        if heir_answers.get("_commit") != answers.get("_commit"):
+            raise RefusedError(
+                f"{name} owns the work namespace; it passes to {heir}, which must be at the same "
+                f"template version first ({heir_answers.get('_commit')} vs "
+                f"{answers.get('_commit')}): "
+                f"make update-worker NAME={heir} (and NAME={name}), commit, then remove"
+            )
+        text = heir_path.read_text(encoding="utf-8")
+        mine = path.read_text(encoding="utf-8")
+        for key in ("migration_stamp", "queue_down_revision"):
+            line = re.search(rf"^{key}:.*$", mine, re.MULTILINE)
+            if line:
+                text = _set_answer(text, key, line.group(0))
+        text = _set_answer(text, "namespace_absent", "namespace_absent: true")
+        heir_path.write_text(text, encoding="utf-8")
+        print(f"==> the work namespace now belongs to {heir} (workers/{heir}/{ANSWERS})")
+    touched = reverse_fragments(root, answers)
+    payload = (
+        root
+        / "om"
+        / "src"
+        / str(answers["host_root"])
+        / "om"
+        / "work"
+        / "types"
+        / "payloads"
+        / f"{names_of(name, str(answers['work_kind']))['kind_snake']}.py"
+    )
+    kind_snake = names_of(name, str(answers["work_kind"]))["kind_snake"]
+    per_kind = [  # the kind's files in the namespace (payload, enqueuer, their tests)
+        p
+        for p in (root / "om").rglob(f"*{kind_snake}.py")
+        if p.stem == kind_snake or p.stem.endswith(f"_{kind_snake}")
+    ]
+    for target in [*worker_files(root, answers), payload, *per_kind]:
+        if not target.exists():
+            continue
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+        touched.append(str(target.relative_to(root)))
+    print(f"==> worker {name} removed; review with `git status`, then commit:")
+    for item in touched:
+        print(f"      {item}")
+    return OK
+
+
+# --- rename ---------------------------------------------------------------------------------
+
+
+def substitutions(old: str, new: str) -> list[tuple[re.Pattern[str], str]]:
+    """The name forms the template derives from `worker_name`, old to new (whole words)."""
+    forms = [
+        (old, new),
+        (old.replace("-", "_"), new.replace("-", "_")),
+        (old.replace("-", "_").upper() + "_", new.replace("-", "_").upper() + "_"),
+    ]
+    return [
+        (
+            re.compile(
+                rf"(?<![\w-]){re.escape(a)}(?![\w-])"
+                if not a.endswith("_")
+                else rf"(?<![\w]){re.escape(a)}"
+            ),
+            b,
+        )
+        for a, b in dict(forms).items()
+    ]
+
+
+def substitute(text: str, subs: list[tuple[re.Pattern[str], str]]) -> str:
+    for pattern, replacement in subs:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def rename(root: Path, old: str, new: str) -> int:
+    """Rename a worker: copier re-renders it under the new name, user edits carried over.
+
+    1. `copier update --vcs-ref :current: -d worker_name=<new>` (same template version):
+       copier moves every rendered file to its new path, re-applies the fragments for the
+       new name, and leaves the answers file behind (copier-facts §2).
+    2. Each file the update deleted whose content differed from the freshly rendered file
+       at its new path (after the old names are replaced by the new) is kept in the user's
+       version: the handler, its test, and any other edit survive; files the user added
+       under the old folder move along.
+    3. The answers file moves to `workers/<new>/`; the old name's fragments are reversed;
+       the new `.env.example` block keeps the old block's metrics port.
+    """
+    path = answers_file(root, old)
+    if not WORKER_NAME.match(new):
+        raise RefusedError(f"worker_name {new!r} must be kebab-case (e.g. shipment-notifier)")
+    if (root / "workers" / new).exists():
+        raise RefusedError(f"workers/{new} already exists; choose another name")
+    require_clean(root)
+    answers = read_answers(path)
+    rel = str(path.relative_to(root))
+    cmd = [
+        *copier_cmd(),
+        "update",
+        "--trust",
+        "--defaults",
+        "--conflict",
+        "inline",
+        "--vcs-ref",
+        ":current:",
+        "--answers-file",
+        rel,
+        "--data",
+        f"worker_name={new}",
+    ]
+    print(f"==> renaming worker {old} to {new}", flush=True)
+    if subprocess.run(cmd, check=False, cwd=root).returncode != 0:
+        print(
+            "==> copier update failed; `git checkout . && git clean -fd` undoes it", file=sys.stderr
+        )
+        return REFUSED
+    subs = substitutions(old, new)
+    old_prefix = names_of(old, "X")["worker_env_prefix"]
+    kept: list[str] = []
+    for line in changes(root):
+        code, file = line[:2], line[3:]
+        if code.strip() != "D" or file == rel:
+            continue
+        target = root / substitute(file, subs)
+        user = git(root, "show", f"HEAD:{file}")
+        mine = substitute(user, subs)
+        if target == root / file:
+            continue
+        if not target.exists() or target.read_text(encoding="utf-8") != mine:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(mine, encoding="utf-8")
+            kept.append(str(target.relative_to(root)))
+    leftover = root / "workers" / old
+    for file in sorted(p for p in leftover.rglob("*") if p.is_file() and p.name != ANSWERS):
+        target = root / substitute(str(file.relative_to(root)), subs)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(file, target)
+        kept.append(str(target.relative_to(root)))
+    new_answers = root / "workers" / new / ANSWERS
+    new_answers.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(path, new_answers)
+    shutil.rmtree(leftover, ignore_errors=True)
+    env = root / ".env.example"
+    port = None
+    if env.is_file():
+        text, port = drop_env_block(env.read_text(encoding="utf-8"), old, old_prefix)
+        env.write_text(text, encoding="utf-8")
+    reverse_fragments(root, {**answers, "worker_name": old}, keep_kind=True)
+    if port is not None and env.is_file():
+        prefix = names_of(new, "X")["worker_env_prefix"]
+        text = env.read_text(encoding="utf-8")
+        text = re.sub(
+            rf"^{prefix}METRICS_PORT=.*$", f"{prefix}METRICS_PORT={port}", text, flags=re.MULTILINE
+        )
+        env.write_text(text, encoding="utf-8")
+    print(f"==> worker {old} is now {new}; review with `git status`, then commit.")
+    for item in kept:
+        print(f"      kept your version: {item}")
+    found = conflicts(root)
+    return CONFLICTS if found else OK
+
+
+# --- restore --------------------------------------------------------------------------------
+
+
+def restore(root: Path, name: str, file: str) -> int:
+    """Render the worker at its recorded template version and write back one file.
+
+    Copier never recreates a file the user deleted (unless it is in `_skip_if_exists`); this
+    brings back the exact rendering of the recorded `_commit`, so later updates merge it.
+    """
+    path = answers_file(root, name)
+    answers = read_answers(path)
+    data = {k: v for k, v in answers.items() if not k.startswith("_")}
+    with tempfile.TemporaryDirectory(prefix="worker-template.restore.") as tmp:
+        data_file = Path(tmp) / "data.yml"
+        data_file.write_text(
+            "".join(f"{k}: {_yaml_scalar(v)}\n" for k, v in data.items()), encoding="utf-8"
+        )
+        out = Path(tmp) / "render"
+        cmd = [
+            *copier_cmd(),
+            "copy",
+            "--trust",
+            "--defaults",
+            "--quiet",
+            "--vcs-ref",
+            str(answers["_commit"]),
+            "--data-file",
+            str(data_file),
+            str(answers["_src_path"]),
+            str(out),
+        ]
+        done = subprocess.run(cmd, check=False, cwd=root, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RefusedError(
+                f"could not render {name} at {answers['_commit']}: {done.stderr.strip()}"
+            )
+        source = out / file
+        if not source.is_file():
+            raise RefusedError(f"the template does not render {file} for {name}")
+        target = root / file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+    print(f"==> restored {file} as the template rendered it at {answers['_commit']}")
+    return OK
+
+
+def _yaml_scalar(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+# --- command line ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/workers.py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("update", help="copier update of one worker")
+    p.add_argument("name")
+    p.add_argument("--ref", default=None, help="template ref (default: see the docstring)")
+    p = sub.add_parser("update-all", help="copier update of every worker, one at a time")
+    p.add_argument("--commit", action="store_true", help="commit each worker's update")
+    sub.add_parser("check-update", help="list the workers behind the template")
+    p = sub.add_parser("remove", help="remove a worker and its fragments")
+    p.add_argument("name")
+    p = sub.add_parser("rename", help="rename a worker")
+    p.add_argument("old")
+    p.add_argument("new")
+    p = sub.add_parser("restore", help="render a deleted worker file again")
+    p.add_argument("name")
+    p.add_argument("file", help="path from the host root, e.g. workers/x/README.md")
+    args = parser.parse_args(argv)
+    try:
+        root = host_root()
+        if args.command == "update":
+            return update(root, args.name, args.ref or None)
+        if args.command == "update-all":
+            return update_all(root, args.commit)
+        if args.command == "check-update":
+            return check_update(root)
+        if args.command == "remove":
+            return remove(root, args.name)
+        if args.command == "rename":
+            return rename(root, args.old, args.new)
+        return restore(root, args.name, args.file)
+    except RefusedError as exc:
+        print(f"workers.py: {exc}", file=sys.stderr)
+        return REFUSED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""The worker lifecycle in the host: update helpers (fragments) and path-rename migrations.
+
+Fragments (applied by extensions/patcher.py with the others, idempotent, template-owned):
+
+- `scripts/workers.py`: the host helper (extensions/host_workers.py, copied verbatim). It
+  runs `copier update` from the host root with a worker's answers file and the right
+  `--vcs-ref`, reports conflicts, and removes, renames and restores workers.
+- `Makefile`: the targets `update-worker`, `update-workers`, `check-update`, `remove-worker`,
+  `rename-worker`, `restore-worker-file`, in one block between `# >>> worker-template` and
+  `# <<< worker-template`. The block is the template's: each patcher run writes the current
+  version of it, so `copier update` brings improvements.
+- `.github/workflows/ci.yml`: a `worker-template-updates` job that runs `make check-update`
+  (added once; the host owns it from then on).
+
+A host file without what a fragment needs (no Makefile, a Makefile that defines one of the
+targets itself, a `scripts/workers.py` that is not ours, a CI workflow without `jobs`) is
+refused before rendering, `<file>: <missing part>`.
+
+The migration command, for a release that moves a rendered path (copier.yml `_migrations`,
+after stage; docs/updating.md, "Releases"):
+
+    python extensions/lifecycle.py move --answers-file <file> --from <old> --to <new>
+
+`<old>`/`<new>` may hold `{worker_name}`, `{worker_module}`, `{host_root}`, `{kind_snake}`
+(answers are not rendered in `_migrations`, copier-facts §11, so the script reads them).
+Copier deletes the old path (the new template no longer has it) and writes the new one as
+the template renders it; the command 3-way merges the user's old file (from git `HEAD`)
+into the new one, with the old template's rendering of the old path as the base, so a
+user's edit survives the move and an overlapping one gives copier's inline markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+HELPER_SOURCE = Path(__file__).resolve().with_name("host_workers.py")
+HELPER_PATH = "scripts/workers.py"
+HELPER_MARK = "# worker-template: host helper"
+MAKEFILE = "Makefile"
+MAKE_START = "# >>> worker-template"
+MAKE_END = "# <<< worker-template"
+MAKE_TARGETS = (
+    "update-worker",
+    "update-workers",
+    "check-update",
+    "remove-worker",
+    "rename-worker",
+    "restore-worker-file",
+)
+CI_WORKFLOW = ".github/workflows/ci.yml"
+CI_JOB = "worker-template-updates"
+REPLAY_PREFIX = "copier._main."
+
+MAKE_BLOCK = f"""{MAKE_START} (written by the worker template; `copier update` replaces this block)
+# Workers made by the worker template: docs/updating.md in the template explains each target.
+WORKERS_PY ?= python3 scripts/workers.py
+.PHONY: {" ".join(MAKE_TARGETS)}
+
+update-worker:  ## copier update of one worker: NAME=<worker> [REF=<template ref>]
+\t@$(WORKERS_PY) update "$(NAME)" $(if $(REF),--ref "$(REF)")
+
+update-workers:  ## every worker, one at a time; COMMIT=1 commits each worker's update
+\t@$(WORKERS_PY) update-all $(if $(filter 1 yes true,$(COMMIT)),--commit)
+
+check-update:  ## list the workers behind the template (STRICT=1 fails when any is)
+\t@$(WORKERS_PY) check-update
+
+remove-worker:  ## NAME=<worker>: its files, kind and fragments removed
+\t@$(WORKERS_PY) remove "$(NAME)"
+
+rename-worker:  ## NAME=<worker> TO=<new-name>
+\t@$(WORKERS_PY) rename "$(NAME)" "$(TO)"
+
+restore-worker-file:  ## NAME=<worker> FILE=<path>: a deleted worker file rendered again
+\t@$(WORKERS_PY) restore "$(NAME)" "$(FILE)"
+{MAKE_END}
+"""
+
+
+class Missing(Exception):
+    """A host file lacks what a lifecycle fragment needs; str() is `<file>: <missing part>`."""
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One lifecycle fragment: the host file, the edit, and the content when it is absent."""
+
+    name: str
+    path: str
+    edit: Any
+    create: Any = None
+
+
+class SpecLike(Protocol):
+    worker_name: str
+
+
+def _sibling(name: str) -> ModuleType:
+    """Load `extensions/<name>.py` under a name unique to this checkout (see context.py)."""
+    path = Path(__file__).resolve().with_name(f"{name}.py")
+    digest = hashlib.sha1(str(path.parent).encode()).hexdigest()[:12]
+    key = f"_worker_template_{digest}_{name}"
+    module = sys.modules.get(key)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(key, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+# --- fragments -------------------------------------------------------------------------------
+
+
+def helper_text() -> str:
+    """The host helper as the template ships it."""
+    return HELPER_SOURCE.read_text(encoding="utf-8")
+
+
+def edit_helper(text: str) -> str:
+    """`scripts/workers.py`: the template's current helper (refuses a file that is not ours)."""
+    if HELPER_MARK not in text.splitlines()[:3] and HELPER_MARK not in text[:300]:
+        raise Missing(f"{HELPER_PATH}: exists and is not the worker template's helper")
+    return helper_text()
+
+
+def edit_makefile(text: str) -> str:
+    """`Makefile`: the worker-template block, appended once and kept current."""
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, l in enumerate(lines) if l.startswith(MAKE_START)]
+    ends = [i for i, l in enumerate(lines) if l.strip() == MAKE_END]
+    outside = lines
+    if starts and ends and ends[0] > starts[0]:
+        outside = lines[: starts[0]] + lines[ends[0] + 1 :]
+    defined = [
+        t for t in MAKE_TARGETS if any(re.match(rf"^{re.escape(t)}\s*::?(?!=)", l) for l in outside)
+    ]
+    if defined:
+        raise Missing(
+            f"{MAKEFILE}: defines {', '.join(defined)} itself (outside the "
+            f"`{MAKE_START}` block); rename those targets"
+        )
+    if starts and ends and ends[0] > starts[0]:
+        return "".join(lines[: starts[0]]) + MAKE_BLOCK + "".join(lines[ends[0] + 1 :])
+    if starts or ends:
+        raise Missing(f"{MAKEFILE}: a `{MAKE_START}` marker without its `{MAKE_END}` (or reverse)")
+    sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+    return text + sep + MAKE_BLOCK
+
+
+def edit_ci(text: str) -> str:
+    """`ci.yml`: a job that lists the workers behind the template (added once)."""
+    deploy = _sibling("deploy")
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    try:
+        yaml, data = deploy.load(text, CI_WORKFLOW)
+    except deploy.Missing as exc:
+        raise Missing(str(exc)) from exc
+    jobs = data.get("jobs")
+    if not isinstance(jobs, CommentedMap):
+        raise Missing(f"{CI_WORKFLOW}: no `jobs` mapping")
+    if CI_JOB in jobs:
+        return text
+    step_checkout = CommentedMap([("uses", "actions/checkout@v4")])
+    step_check = CommentedMap(
+        [("name", "Workers behind the worker template"), ("run", "make check-update")]
+    )
+    job = CommentedMap(
+        [
+            ("runs-on", "ubuntu-24.04"),
+            ("timeout-minutes", 5),
+            ("steps", CommentedSeq([step_checkout, step_check])),
+        ]
+    )
+    jobs[CI_JOB] = job
+    jobs.yaml_set_comment_before_after_key(CI_JOB, before="\n")
+    return deploy._dump(yaml, data)
+
+
+def fragments(spec: SpecLike) -> list[Edit]:
+    """The lifecycle fragments, the same for every worker (so applying them again is a no-op)."""
+    return [
+        Edit("workers helper", HELPER_PATH, edit_helper, create=helper_text),
+        Edit("make targets", MAKEFILE, edit_makefile),
+        Edit("ci check-update", CI_WORKFLOW, edit_ci),
+    ]
+
+
+# --- the path-move migration -------------------------------------------------------------------
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+
+
+def is_real_host(folder: Path) -> bool:
+    """Not one of copier's temporary copies, and a git work tree (copier-facts §5)."""
+    resolved = folder.resolve()
+    if any(p.name.startswith(REPLAY_PREFIX) for p in (resolved, *resolved.parents)):
+        return False
+    return (resolved / ".git").exists()
+
+
+def _names(answers: dict[str, Any]) -> dict[str, str]:
+    naming = _sibling("naming")
+    names = naming.derive_names(
+        worker_name=str(answers.get("worker_name", "")), work_kind=str(answers.get("work_kind", ""))
+    )
+    return {**{k: str(v) for k, v in answers.items() if not k.startswith("_")}, **names}
+
+
+def render_old(answers: dict[str, Any], src: str, ref: str, dst: Path) -> None:
+    """Render the template at `ref` with `answers` into the empty folder `dst`.
+
+    The recorded `host_root` skips the copy checks (copier.yml), and the patcher leaves a
+    folder that is not a host alone, so this renders files and nothing else.
+    """
+    import copier
+
+    data = {k: v for k, v in answers.items() if not k.startswith("_")}
+    copier.run_copy(src, str(dst), data=data, vcs_ref=ref, defaults=True, unsafe=True, quiet=True)
+
+
+def move(host: Path, answers_file: str, old_pattern: str, new_pattern: str, ref_from: str) -> str:
+    """Carry the user's version of a moved path into its new place; returns what it did."""
+    import yaml
+
+    if not is_real_host(host):
+        return "skipped: not the real host"
+    recorded = _git(host, "show", f"HEAD:{answers_file}")
+    if recorded.returncode != 0:
+        return f"skipped: {answers_file} is not in HEAD"
+    before = yaml.safe_load(recorded.stdout) or {}
+    names = _names(before)
+    old, new = old_pattern.format(**names), new_pattern.format(**names)
+    user = _git(host, "show", f"HEAD:{old}")
+    target = host / new
+    if user.returncode != 0:
+        return f"skipped: {old} is not in HEAD"
+    if not target.is_file():
+        return f"skipped: the template does not render {new}"
+    src = str(before.get("_src_path", ""))
+    ref = ref_from or str(before.get("_commit", ""))
+    with tempfile.TemporaryDirectory(prefix="worker-template.move.") as tmp:
+        base_dir = Path(tmp) / "old"
+        render_old(before, src, ref, base_dir)
+        base = base_dir / old
+        if not base.is_file():
+            return f"skipped: the old template did not render {old}"
+        mine = Path(tmp) / "mine"
+        mine.write_text(user.stdout, encoding="utf-8")
+        merged = subprocess.run(
+            [
+                "git",
+                "merge-file",
+                "-L",
+                "before updating",
+                "-L",
+                "last update",
+                "-L",
+                "after updating",
+                str(mine),
+                str(base),
+                str(target),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        target.write_text(mine.read_text(encoding="utf-8"), encoding="utf-8")
+    if merged.returncode > 0:
+        return f"moved {old} -> {new} with {merged.returncode} conflict(s): resolve the markers"
+    return f"moved {old} -> {new}, your edits kept"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("move", help="carry the user's edits across a path the release moves")
+    p.add_argument("--answers-file", required=True)
+    p.add_argument("--from", dest="old", required=True)
+    p.add_argument("--to", dest="new", required=True)
+    p.add_argument("--host", default=".")
+    args = parser.parse_args(argv)
+    result = move(
+        Path(args.host), args.answers_file, args.old, args.new, os.environ.get("VERSION_FROM", "")
+    )
+    print(f"    migrate  {result}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,697 @@
+"""`copier update` over real template history (issue 6).
+
+`template_history` (tests/conftest.py) is the template tagged `v0.0.1`, then a scripted
+release `v0.0.2`: a changed first line in the worker's `main.py`, a line appended to the
+user-owned handler, its test and the payload model, the worker's README moved to
+`docs/README.md` with a `_migrations` step, and a comment above the `WorkKind` import of the
+namespace's `work_item.py`.
+
+The session renders one base host: worker A (`shipment-notifier`, creates the namespace)
+and worker B (`invoice-mailer`, a container, another lane), both at `v0.0.1`, each
+committed. Every test works on a `copytree` of it and updates through the host helper the
+patcher installs (`scripts/workers.py`, the Makefile targets), as a user would.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import copier
+import pytest
+import yaml
+from conftest import (
+    IGNORE,
+    REFERENCE_HOST,
+    RELEASE_KINDS,
+    RELEASE_LINE,
+    RELEASE_PROTECTED,
+    REPO,
+    VENV_BIN,
+    commit_all,
+    git,
+    load_extension,
+    tree_state,
+    uv_sync,
+)
+from copier.errors import UserMessageError
+
+patcher = load_extension("patcher")
+lifecycle = load_extension("lifecycle")
+
+A, B = "shipment-notifier", "invoice-mailer"
+A_ANSWERS = {"worker_name": A, "work_kind": "NOTIFY_SHIPMENT"}
+B_ANSWERS = {"worker_name": B, "work_kind": "SEND_INVOICE", "container": True, "lane": "bulk"}
+WORK = "om/src/acme/om/work"
+KINDS = f"{WORK}/types/kinds.py"
+WORK_ITEM = f"{WORK}/types/work_item.py"
+
+
+def pkg(name: str) -> str:
+    return f"workers/{name}/src/acme/workers/{name.replace('-', '_')}"
+
+
+def answers_path(name: str) -> str:
+    return f"workers/{name}/.copier-answers.yml"
+
+
+MARKERS = ("<<<<<<< before updating", ">>>>>>> after updating")
+
+
+@dataclass(frozen=True)
+class Base:
+    """The session's base host and the commits it was built in."""
+
+    path: Path
+    host_commit: str
+    a_commit: str
+
+
+def copy_from(template: Path, dst: Path, ref: str, **answers: Any) -> None:
+    """`copier copy` of the template at `ref` into the host `dst` (in-process)."""
+    copier.run_copy(
+        str(template), str(dst), data=answers, vcs_ref=ref, unsafe=True, defaults=True, quiet=True
+    )
+
+
+def new_host(dst: Path) -> Path:
+    """A committed git copy of the reference host."""
+    shutil.copytree(REFERENCE_HOST, dst, ignore=IGNORE, symlinks=True)
+    git(dst, "init", "-q", "-b", "main")
+    commit_all(dst, "host")
+    return dst
+
+
+@pytest.fixture(scope="session")
+def base(template_history: Path, tmp_path_factory: pytest.TempPathFactory) -> Base:
+    """Reference host + A (namespace owner) + B, both copied at v0.0.1, each committed."""
+    host = new_host(tmp_path_factory.mktemp("update-base") / "host")
+    host_commit = git(host, "rev-parse", "HEAD").strip()
+    copy_from(template_history, host, "v0.0.1", **A_ANSWERS)
+    commit_all(host, f"add {A}")
+    a_commit = git(host, "rev-parse", "HEAD").strip()
+    copy_from(template_history, host, "v0.0.1", **B_ANSWERS)
+    commit_all(host, f"add {B}")
+    return Base(host, host_commit, a_commit)
+
+
+@pytest.fixture
+def host(base: Base, tmp_path: Path) -> Path:
+    """A private copy of the base host (git history included)."""
+    dst = tmp_path / "host"
+    shutil.copytree(base.path, dst, symlinks=True)
+    return dst
+
+
+def helper_env() -> dict[str, str]:
+    env = {**os.environ, "COPIER": str(VENV_BIN / "copier")}
+    env.pop("GITHUB_ACTIONS", None)
+    return env
+
+
+def helper(
+    host: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python3 scripts/workers.py ...` in the host, as the Makefile runs it."""
+    return subprocess.run(
+        [sys.executable, "scripts/workers.py", *args],
+        cwd=host,
+        env={**helper_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def make(host: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["make", "--no-print-directory", *args, f"WORKERS_PY={sys.executable} scripts/workers.py"],
+        cwd=host,
+        env=helper_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def recorded(host: Path, name: str) -> dict[str, Any]:
+    return yaml.safe_load((host / answers_path(name)).read_text())
+
+
+def changed_paths(host: Path) -> set[str]:
+    return {line[3:] for line in tree_state(host).splitlines()}
+
+
+def files_under(root: Path, rel: str) -> dict[str, bytes]:
+    """Every file below `root/rel` (or the file itself), path -> bytes."""
+    top = root / rel
+    if top.is_file():
+        return {rel: top.read_bytes()}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(top.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def without_commit(data: bytes) -> bytes:
+    return re.sub(rb"(?m)^_commit: .*\n", b"", data)
+
+
+# --- the base and the helper it installed -----------------------------------------------------
+
+
+def test_patcher_installs_the_helper_once(base: Base) -> None:
+    """Two copies later: one Makefile block, one CI job, the template's helper byte for byte."""
+    makefile = (base.path / "Makefile").read_text()
+    assert makefile.count(lifecycle.MAKE_START) == 1 and makefile.count(lifecycle.MAKE_END) == 1
+    for target in lifecycle.MAKE_TARGETS:
+        assert re.search(rf"(?m)^{target}:", makefile), target
+    assert "\n\t@$(WORKERS_PY) update " in makefile, "recipes are tab-indented"
+    ci = yaml.safe_load((base.path / ".github/workflows/ci.yml").read_text())
+    assert ci["jobs"][lifecycle.CI_JOB]["steps"][-1]["run"] == "make check-update"
+    assert "check" in ci["jobs"], "the host's own jobs stay"
+    helper_file = base.path / "scripts/workers.py"
+    assert helper_file.read_text() == (REPO / "extensions/host_workers.py").read_text()
+
+
+def test_check_update_lists_workers_behind(host: Path) -> None:
+    done = make(host, "check-update")
+    assert done.returncode == 0, done.stderr
+    assert f"{A}: v0.0.1 -> v0.0.2 (behind" in done.stdout
+    assert f"{B}: v0.0.1 -> v0.0.2 (behind" in done.stdout
+    assert helper(host, "check-update", env={"STRICT": "1"}).returncode == 1
+    assert helper(host, "update", A).returncode == 0
+    commit_all(host, "update A")
+    after = helper(host, "check-update").stdout
+    assert f"{A}: v0.0.2 (up to date)" in after and f"{B}: v0.0.1 -> v0.0.2" in after
+
+
+# --- update cases ------------------------------------------------------------------------------
+
+
+def test_untouched_worker_equals_a_fresh_copy(
+    host: Path, template_history: Path, tmp_path: Path
+) -> None:
+    """No local edits: A after the update is byte for byte a fresh v0.0.2 copy, but `_commit`
+    and the user-owned files (`_skip_if_exists`), which stay as the v0.0.1 copy made them."""
+    stamp = recorded(host, A)["migration_stamp"]
+    protected = (
+        f"{pkg(A)}/handler.py",
+        f"workers/{A}/tests/test_handler.py",
+        f"{WORK}/types/payloads/notify_shipment.py",
+    )
+    kept = {rel: (host / rel).read_bytes() for rel in protected}
+    done = make(host, "update-worker", f"NAME={A}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"worker {A}: updating from v0.0.1 to v0.0.2" in done.stdout
+    fresh = new_host(tmp_path / "fresh")
+    copy_from(template_history, fresh, "v0.0.2", **A_ANSWERS, migration_stamp=stamp)
+    for rel in (
+        f"workers/{A}",
+        f"deployment/docker/{A}.Dockerfile",
+        "deployment/terraform/environments/staging/worker_shipment_notifier.tf",
+        WORK,
+        "om/migrations",
+        "om/tests",
+    ):
+        ours, theirs = files_under(host, rel), files_under(fresh, rel)
+        if rel == f"workers/{A}":
+            key = answers_path(A)
+            ours[key], theirs[key] = without_commit(ours[key]), without_commit(theirs[key])
+        if rel == WORK:  # kinds.py holds B's kind in our host (a patcher fragment)
+            ours.pop(KINDS), theirs.pop(KINDS)
+            ours.pop(f"{WORK}/README.md"), theirs.pop(f"{WORK}/README.md")
+        for key in [k for k in ours if "send_invoice" in k]:  # B's per-kind files
+            ours.pop(key)
+        assert ours.keys() == theirs.keys(), rel
+        differ = [k for k in ours if ours[k] != theirs[k]]
+        assert sorted(differ) == sorted(k for k in protected if k in ours), rel
+    for rel, data in kept.items():
+        assert (host / rel).read_bytes() == data, rel
+        assert RELEASE_PROTECTED in (fresh / rel).read_text(), "a fresh copy has the change"
+    assert recorded(host, A)["_commit"] == "v0.0.2"
+    assert not (host / f"workers/{A}/README.md").exists(), "moved by the release"
+
+
+def test_local_edits_that_do_not_overlap_survive(host: Path) -> None:
+    main = host / pkg(A) / "main.py"
+    main.write_text(main.read_text() + "# local: keep me\n")
+    commit_all(host, "local edit at the bottom")
+    done = helper(host, "update", A)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = main.read_text()
+    assert text.startswith(f'"""{RELEASE_LINE} ')
+    assert text.endswith("# local: keep me\n")
+    assert not any(m in text for m in MARKERS)
+
+
+def test_overlapping_edits_give_inline_markers_and_fail(host: Path) -> None:
+    """Inline markers, no `.rej` even with `*.rej` gitignored, exit 2 from the helper."""
+    gitignore = host / ".gitignore"
+    gitignore.write_text(gitignore.read_text() + "*.rej\n")
+    main = host / pkg(A) / "main.py"
+    lines = main.read_text().splitlines(keepends=True)
+    lines[0] = '"""Our own first line.\n' if lines[0].strip() != '"""' else lines[0]
+    main.write_text("".join(lines))
+    commit_all(host, "local edit on the line the template changes")
+    done = make(host, "update-worker", f"NAME={A}")
+    assert done.returncode != 0
+    assert "conflict" in done.stderr and f"{pkg(A)}/main.py" in done.stderr
+    text = main.read_text()
+    assert all(m in text for m in MARKERS)
+    assert "Our own first line." in text and RELEASE_LINE in text
+    assert [p for p in host.rglob("*.rej")] == []
+    status = git(host, "status", "--porcelain")
+    assert f"UU {pkg(A)}/main.py" in status
+
+
+def test_handler_and_its_test_are_never_touched(host: Path) -> None:
+    handler = host / pkg(A) / "handler.py"
+    handler.write_text(
+        handler.read_text()
+        .replace("payload = ", "payload = (  # mine\n    ")
+        .replace("model_validate(item.payload)", "model_validate(item.payload)\n    )", 1)
+    )
+    commit_all(host, "my handler")
+    before = {
+        rel: (host / rel).read_bytes()
+        for rel in (
+            f"{pkg(A)}/handler.py",
+            f"workers/{A}/tests/test_handler.py",
+            f"{WORK}/types/payloads/notify_shipment.py",
+        )
+    }
+    assert helper(host, "update", A).returncode == 0
+    for rel, data in before.items():
+        assert (host / rel).read_bytes() == data, rel
+        assert RELEASE_PROTECTED not in (host / rel).read_text()
+    assert rel not in changed_paths(host)
+
+
+def test_migration_stamp_and_files_never_change(host: Path) -> None:
+    stamp = recorded(host, A)["migration_stamp"]
+    files = sorted(
+        str(p.relative_to(host)) for p in (host / "om/migrations").rglob("*") if p.is_file()
+    )
+    assert any(stamp in f for f in files)
+    for _ in range(2):
+        assert helper(host, "update", A, "--ref", "HEAD").returncode == 0
+        commit_all(host, "update")
+    assert recorded(host, A)["migration_stamp"] == stamp
+    after = sorted(
+        str(p.relative_to(host)) for p in (host / "om/migrations").rglob("*") if p.is_file()
+    )
+    assert after == files
+
+
+def test_updating_one_worker_leaves_the_other_untouched(host: Path) -> None:
+    """B's update never reaches the namespace; A's (its owner) brings the namespace change."""
+    b_before = files_under(host, f"workers/{A}")
+    assert helper(host, "update", B).returncode == 0
+    changed = changed_paths(host)
+    assert not [p for p in changed if p.startswith(f"workers/{A}")]
+    assert files_under(host, f"workers/{A}") == b_before
+    assert RELEASE_KINDS not in (host / WORK_ITEM).read_text(), "B does not own the namespace"
+    assert recorded(host, A)["_commit"] == "v0.0.1"
+    commit_all(host, "update B")
+    b_files = files_under(host, f"workers/{B}")
+    assert helper(host, "update", A).returncode == 0
+    assert RELEASE_KINDS in (host / WORK_ITEM).read_text()
+    assert not [p for p in changed_paths(host) if p.startswith(f"workers/{B}")]
+    assert files_under(host, f"workers/{B}") == b_files
+
+
+def count_fragments(host: Path) -> dict[str, int]:
+    text = {
+        rel: (host / rel).read_text()
+        for rel in (
+            "pyproject.toml",
+            KINDS,
+            "scripts/dev.sh",
+            ".env.example",
+            "Makefile",
+            ".github/workflows/deploy-staging.yml",
+            ".github/workflows/deploy-production.yml",
+            ".github/workflows/ci.yml",
+            "deployment/local/docker-compose.full.yml",
+            f"{WORK}/README.md",
+        )
+    }
+    return {
+        "member A": text["pyproject.toml"].count(f'"workers/{A}"'),
+        "member B": text["pyproject.toml"].count(f'"workers/{B}"'),
+        "kind A": text[KINDS].count('NOTIFY_SHIPMENT = "NOTIFY_SHIPMENT"'),
+        "kind B": text[KINDS].count('SEND_INVOICE = "SEND_INVOICE"'),
+        "payload B": text[KINDS].count("WorkKind.SEND_INVOICE: SendInvoicePayload"),
+        "dev A": text["scripts/dev.sh"].count(f"run {A} "),
+        "env A": text[".env.example"].count(f"# --- worker {A} ---"),
+        "env B": text[".env.example"].count(f"# --- worker {B} ---"),
+        "make block": text["Makefile"].count(lifecycle.MAKE_START),
+        "ci job": text[".github/workflows/ci.yml"].count(f"{lifecycle.CI_JOB}:"),
+        "staging B": len(re.findall(rf"\b{B}\b", text[".github/workflows/deploy-staging.yml"])),
+        "production A": len(
+            re.findall(rf"\b{A}\b", text[".github/workflows/deploy-production.yml"])
+        ),
+        "compose B": text["deployment/local/docker-compose.full.yml"].count(f"  {B}:\n"),
+        "readme B": text[f"{WORK}/README.md"].count(f"`{B}` worker"),
+    }
+
+
+def test_fragments_stay_single_after_two_updates(host: Path) -> None:
+    assert set(count_fragments(host).values()) == {1}
+    for name in (A, B, A, B):
+        done = helper(host, "update", name, "--ref", "HEAD")
+        assert done.returncode == 0, done.stdout + done.stderr
+        commit_all(host, f"update {name}")
+    assert set(count_fragments(host).values()) == {1}, count_fragments(host)
+
+
+def test_tasks_do_nothing_in_copiers_replays(host: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep copier's temporary old/new copies: they hold rendered files and nothing patched."""
+    import copier._main as copier_main
+
+    kept: list[Path] = []
+    real = copier_main.TemporaryDirectory
+
+    class Keep(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            kept.append(Path(self.name))
+            self._finalizer.detach()  # type: ignore[attr-defined]
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(copier_main, "TemporaryDirectory", Keep)
+    monkeypatch.chdir(host)
+    copier.run_update(
+        str(host),
+        answers_file=answers_path(A),
+        unsafe=True,
+        defaults=True,
+        overwrite=True,
+        quiet=True,
+    )
+    replays = [
+        p for p in kept if p.name.startswith(("copier._main.old_copy.", "copier._main.new_copy."))
+    ]
+    assert len(replays) == 2
+    try:
+        for replay in replays:
+            assert not (replay / "scripts").exists(), "the patcher ran in a replay"
+            assert not (replay / "Makefile").exists() and not (replay / "pyproject.toml").exists()
+            assert (replay / answers_path(A)).is_file()
+        # the patcher and the move migration, run by hand in a replay-like folder, do nothing
+        bare = host.parent / "copier._main.new_copy.x"
+        shutil.copytree(host, bare, symlinks=True)
+        before = files_under(bare, ".")
+        assert (
+            patcher.main(
+                ["--operation", "update", "--answers-file", answers_path(B), "--host", str(bare)]
+            )
+            == 0
+        )
+        assert lifecycle.move(
+            bare, answers_path(A), "workers/{worker_name}/README.md", "x.md", ""
+        ).startswith("skipped")
+        assert files_under(bare, ".") == before
+    finally:
+        for replay in kept:
+            shutil.rmtree(replay, ignore_errors=True)
+
+
+def test_deleted_worker_file_stays_deleted_and_restores(host: Path, template_history: Path) -> None:
+    main = host / pkg(A) / "main.py"
+    main.unlink()
+    commit_all(host, "I do not want main.py")
+    assert helper(host, "update", A).returncode == 0
+    assert not main.exists(), "copier must not bring back a file the user deleted"
+    commit_all(host, "update")
+    done = make(host, "restore-worker-file", f"NAME={A}", f"FILE={pkg(A)}/main.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert main.read_text().startswith(f'"""{RELEASE_LINE} '), "rendered at the recorded v0.0.2"
+    docs = (REPO / "docs/updating.md").read_text()
+    assert "make restore-worker-file NAME=" in docs
+
+
+def test_a_moved_file_keeps_the_users_edit(host: Path) -> None:
+    """The release moves README.md to docs/README.md; the `_migrations` step carries the edit."""
+    readme = host / f"workers/{A}/README.md"
+    readme.write_text(readme.read_text() + "\n## Our runbook\n\nPage the on-call.\n")
+    commit_all(host, "our README section")
+    done = helper(host, "update", A)
+    assert done.returncode == 0, done.stdout + done.stderr
+    moved = host / f"workers/{A}/docs/README.md"
+    assert not readme.exists()
+    assert moved.read_text().endswith("## Our runbook\n\nPage the on-call.\n")
+    assert moved.read_text().startswith(f"# {A}\n")
+    assert (
+        "moved workers/shipment-notifier/README.md -> workers/shipment-notifier/docs/README.md"
+        in done.stdout
+    )
+
+
+def test_owner_updates_next_to_workkind_with_a_second_kind(host: Path) -> None:
+    """The namespace owner crosses the change near `WorkKind` while B's kind is in the host."""
+    kinds_before = (host / KINDS).read_text()
+    assert 'SEND_INVOICE = "SEND_INVOICE"' in kinds_before
+    done = helper(host, "update", A)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (host / WORK_ITEM).read_text()
+    assert f"{RELEASE_KINDS}\nfrom .kinds import" in text
+    assert not any(m in text for m in MARKERS)
+    assert (host / KINDS).read_text() == kinds_before
+    assert not [p for p in changed_paths(host) if p.endswith(".rej")]
+
+
+# --- refs: -r HEAD copies and untagged templates ------------------------------------------------
+
+
+def test_head_copy_is_updated_without_a_downgrade(template_history: Path, tmp_path: Path) -> None:
+    """A copy from a commit past the newest tag: plain `copier update` refuses, the helper not."""
+    template = tmp_path / "tpl"
+    git(tmp_path, "clone", "-q", str(template_history), str(template))
+    readme = template / "README.md"
+    readme.write_text(readme.read_text() + "\nunreleased\n")
+    commit_all(template, "unreleased work")
+    host = new_host(tmp_path / "host")
+    copy_from(template, host, "HEAD", **A_ANSWERS)
+    commit_all(host, "A from HEAD")
+    assert re.fullmatch(r"v0\.0\.2-1-g[0-9a-f]+", recorded(host, A)["_commit"])
+    with pytest.raises(UserMessageError, match="downgrading"):
+        copier.run_update(
+            str(host),
+            answers_file=answers_path(A),
+            unsafe=True,
+            defaults=True,
+            overwrite=True,
+            quiet=True,
+        )
+    assert tree_state(host) == ""
+    done = helper(host, "update", A)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "to HEAD" in done.stdout
+    assert "up to date" in helper(host, "check-update").stdout
+
+
+def test_untagged_template_copy_is_updatable(template_history: Path, tmp_path: Path) -> None:
+    template = tmp_path / "tpl"
+    git(tmp_path, "clone", "-q", str(template_history), str(template))
+    for tag in ("v0.0.1", "v0.0.2"):
+        git(template, "tag", "-d", tag)
+    git(template, "reset", "-q", "--hard", "HEAD~1")
+    host = new_host(tmp_path / "host")
+    copy_from(template, host, "HEAD", **A_ANSWERS)
+    commit_all(host, "A from an untagged template")
+    assert re.fullmatch(r"[0-9a-f]{7,}", recorded(host, A)["_commit"])
+    git(template, "merge", "-q", "--ff-only", "origin/main")
+    done = helper(host, "update", A)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (host / pkg(A) / "main.py").read_text().startswith(f'"""{RELEASE_LINE} ')
+
+
+# --- update-workers -----------------------------------------------------------------------------
+
+
+def test_update_workers_stops_after_each_unless_commit(host: Path) -> None:
+    done = make(host, "update-workers")
+    assert done.returncode != 0
+    assert f"stopped after {B}" in done.stdout, done.stdout
+    assert recorded(host, B)["_commit"] == "v0.0.2" and recorded(host, A)["_commit"] == "v0.0.1"
+    git(host, "checkout", "-q", ".")
+    git(host, "clean", "-qfd")
+    done = make(host, "update-workers", "COMMIT=1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert tree_state(host) == ""
+    log = git(host, "log", "--format=%s", "-2")
+    assert f"Update worker {A} to template v0.0.2" in log and f"Update worker {B}" in log
+
+
+def test_helper_refuses_a_dirty_tree_and_an_unknown_worker(host: Path) -> None:
+    (host / "notes.txt").write_text("untracked\n")
+    done = helper(host, "update", A)
+    assert done.returncode == 1 and "notes.txt" in done.stderr
+    (host / "notes.txt").unlink()
+    done = helper(host, "update", "nope")
+    assert done.returncode == 1 and A in done.stderr
+
+
+# --- remove and rename --------------------------------------------------------------------------
+
+FRAGMENT_FILES = (
+    "pyproject.toml",
+    KINDS,
+    "scripts/dev.sh",
+    ".env.example",
+    ".github/workflows/deploy-staging.yml",
+    ".github/workflows/deploy-production.yml",
+    "deployment/local/docker-compose.full.yml",
+    f"{WORK}/README.md",
+)
+
+
+def test_remove_worker_reverses_its_fragments(host: Path, base: Base) -> None:
+    done = make(host, "remove-worker", f"NAME={B}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    diff = git(host, "diff", base.a_commit, "--", *FRAGMENT_FILES)
+    assert diff == "", diff
+    for gone in (
+        f"workers/{B}",
+        f"deployment/docker/{B}.Dockerfile",
+        "deployment/terraform/environments/staging/worker_invoice_mailer.tf",
+        f"{WORK}/types/payloads/send_invoice.py",
+    ):
+        assert not (host / gone).exists(), gone
+    assert (host / f"workers/{A}").is_dir()
+    left = [str(p.relative_to(host)) for p in host.rglob("*send_invoice*") if ".git" not in p.parts]
+    assert left == [], "every per-kind file of B goes"
+
+
+def test_removing_the_namespace_owner_hands_it_on(host: Path) -> None:
+    assert helper(host, "update", B).returncode == 0
+    commit_all(host, "B at v0.0.2")
+    refused = helper(host, "remove", A)
+    assert refused.returncode == 1 and "same template version" in refused.stderr, refused.stderr
+    assert helper(host, "update", A).returncode == 0
+    commit_all(host, "A at v0.0.2")
+    stamp = recorded(host, A)["migration_stamp"]
+    done = helper(host, "remove", A)
+    assert done.returncode == 0, done.stdout + done.stderr
+    heir = recorded(host, B)
+    assert heir["namespace_absent"] is True and heir["migration_stamp"] == stamp
+    assert "NOTIFY_SHIPMENT" not in (host / KINDS).read_text()
+    commit_all(host, "remove A")
+    single = helper(host, "remove", B)
+    assert single.returncode == 1 and "last worker" in single.stderr
+
+
+def test_rename_worker_moves_answers_and_keeps_edits(host: Path) -> None:
+    handler = host / pkg(B) / "handler.py"
+    handler.write_text(handler.read_text() + "# our handler note\n")
+    commit_all(host, "edit B's handler")
+    port = re.search(
+        r"(?m)^INVOICE_MAILER_METRICS_PORT=(\d+)$", (host / ".env.example").read_text()
+    )
+    assert port
+    done = make(host, "rename-worker", f"NAME={B}", "TO=invoice-sender")
+    assert done.returncode == 0, done.stdout + done.stderr
+    new = "invoice-sender"
+    assert not (host / f"workers/{B}").exists()
+    answers = recorded(host, new)
+    assert answers["worker_name"] == new and answers["_commit"] == "v0.0.1"
+    moved = (host / pkg(new) / "handler.py").read_text()
+    assert moved.endswith("# our handler note\n")
+    counts = {rel: (host / rel).read_text() for rel in FRAGMENT_FILES}
+    assert all(not re.search(rf"\b{B}\b|INVOICE_MAILER_", t) for t in counts.values()), [
+        r for r, t in counts.items() if re.search(rf"\b{B}\b|INVOICE_MAILER_", t)
+    ]
+    assert counts[".env.example"].count(f"# --- worker {new} ---") == 1
+    assert f"INVOICE_SENDER_METRICS_PORT={port.group(1)}\n" in counts[".env.example"]
+    assert counts["pyproject.toml"].count(f'"workers/{new}"') == 1
+    assert counts[KINDS].count('SEND_INVOICE = "SEND_INVOICE"') == 1
+    commit_all(host, "rename")
+    done = helper(host, "update", new)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (host / pkg(new) / "handler.py").read_text().endswith("# our handler note\n")
+
+
+# --- refusals before rendering ------------------------------------------------------------------
+
+
+def test_a_host_without_a_makefile_is_refused(template_history: Path, tmp_path: Path) -> None:
+    host = new_host(tmp_path / "host")
+    (host / "Makefile").unlink()
+    commit_all(host, "no Makefile")
+    spec = patcher.Spec(
+        worker_name=A,
+        work_kind="NOTIFY_SHIPMENT",
+        lane="default",
+        host_root="acme",
+        namespace_absent=True,
+    )
+    assert "Makefile: the file does not exist" in patcher.check_host(host, spec)
+    with pytest.raises(UserMessageError, match="Makefile: the file does not exist"):
+        copy_from(template_history, host, "v0.0.2", **A_ANSWERS)
+    assert tree_state(host) == ""
+
+
+def test_foreign_targets_and_helper_are_refused(tmp_path: Path) -> None:
+    host = new_host(tmp_path / "host")
+    spec = patcher.Spec(
+        worker_name=A,
+        work_kind="NOTIFY_SHIPMENT",
+        lane="default",
+        host_root="acme",
+        namespace_absent=True,
+    )
+    makefile = host / "Makefile"
+    makefile.write_text(makefile.read_text() + "\ncheck-update:\n\techo mine\n")
+    (host / "scripts/workers.py").write_text("print('mine')\n")
+    ci = host / ".github/workflows/ci.yml"
+    ci.write_text("name: ci\non: push\n")
+    problems = patcher.check_host(host, spec)
+    assert any(p.startswith("Makefile: defines check-update itself") for p in problems), problems
+    assert "scripts/workers.py: exists and is not the worker template's helper" in problems
+    assert ".github/workflows/ci.yml: no `jobs` mapping" in problems
+
+
+def test_makefile_fragment_is_idempotent_and_refreshes_its_block() -> None:
+    text = "all:\n\techo hi\n"
+    once = lifecycle.edit_makefile(text)
+    assert lifecycle.edit_makefile(once) == once
+    stale = once.replace("check-update:  ##", "check-update:  ## old wording")
+    assert lifecycle.edit_makefile(stale) == once
+    ci = (REFERENCE_HOST / ".github/workflows/ci.yml").read_text()
+    with_job = lifecycle.edit_ci(ci)
+    assert lifecycle.edit_ci(with_job) == with_job
+    assert with_job.startswith(ci.split("\njobs:")[0])
+
+
+# --- acceptance: the worker's own tests after an update -----------------------------------------
+
+
+@pytest.mark.slow
+def test_updated_worker_passes_its_own_tests(host: Path, uv_env: dict[str, str]) -> None:
+    """Update A, `uv sync`, then the worker's test suite (needs the worker runtime)."""
+    assert helper(host, "update", A).returncode == 0
+    synced = uv_sync(host, uv_env)
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    tests = subprocess.run(
+        ["uv", "run", "--all-packages", "pytest", "-q", f"workers/{A}/tests"],
+        cwd=host,
+        env={**uv_env, "UV_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
