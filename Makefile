@@ -33,6 +33,8 @@ demo: setup
 	@$(UV) run --locked --quiet python scripts/demo.py $(DEMO_ARGS)
 
 test: setup services
+	@$(UV) run --locked ruff check --quiet extensions tests scripts
+	@$(UV) run --locked ruff format --check --quiet extensions tests scripts
 	@$(UV) run --locked --quiet pytest $(PYTEST_ARGS)
 
 lint: setup

@@ -641,10 +641,10 @@ def rename(root: Path, old: str, new: str) -> int:
             target.write_text(mine, encoding="utf-8")
             kept.append(str(target.relative_to(root)))
     leftover = root / "workers" / old
-    for file in sorted(p for p in leftover.rglob("*") if p.is_file() and p.name != ANSWERS):
-        target = root / substitute(str(file.relative_to(root)), subs)
+    for stray in sorted(p for p in leftover.rglob("*") if p.is_file() and p.name != ANSWERS):
+        target = root / substitute(str(stray.relative_to(root)), subs)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(file, target)
+        shutil.move(stray, target)
         kept.append(str(target.relative_to(root)))
     new_answers = root / "workers" / new / ANSWERS
     new_answers.parent.mkdir(parents=True, exist_ok=True)

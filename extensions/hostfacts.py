@@ -25,6 +25,7 @@ _ENUM_CLASS = re.compile(
 _ENUM_MEMBER = re.compile(r"^[ \t]+([A-Z][A-Z0-9_]*)\s*=", re.MULTILINE)
 
 ANSWERS_NAME = ".copier-answers.yml"
+METRICS_PORT_BASE = 9100
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,22 @@ class HostFacts:
     @property
     def is_host(self) -> bool:
         return not self.problems
+
+    @property
+    def next_metrics_port(self) -> int:
+        """The first local metrics port no recorded worker holds, from `METRICS_PORT_BASE`.
+
+        A worker recorded without a `metrics_port` answer (older template versions) is
+        taken to hold the port its position gave it in `.env.example`.
+        """
+        taken: set[int] = set()
+        for index, answers in enumerate(self.workers.values()):
+            port = answers.get("metrics_port")
+            taken.add(port if isinstance(port, int) else METRICS_PORT_BASE + index)
+        port = METRICS_PORT_BASE
+        while port in taken:
+            port += 1
+        return port
 
 
 def host_problems(path: Path) -> tuple[list[str], str]:

@@ -121,6 +121,7 @@ class Spec:
     namespace_absent: bool
     container: bool = False
     storage_has_claim_many: bool = False
+    metrics_port: int | None = None
 
     @classmethod
     def from_answers(cls, answers: dict[str, Any]) -> Spec:
@@ -131,6 +132,7 @@ class Spec:
             host_root=str(answers["host_root"]),
             namespace_absent=bool(answers.get("namespace_absent")),
             container=bool(answers.get("container")),
+            metrics_port=int(answers["metrics_port"]) if answers.get("metrics_port") else None,
         )
 
     @property
@@ -839,8 +841,9 @@ def edit_env(text: str, spec: Spec, limit: int) -> str:
     if any(line.strip() == header for line in text.splitlines()):
         return text
     others = sum(1 for line in text.splitlines() if line.startswith("# --- worker "))
+    port = spec.metrics_port or METRICS_PORT_BASE + others  # answers before `metrics_port`
     sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
-    return text + sep + env_block(spec, METRICS_PORT_BASE + others)
+    return text + sep + env_block(spec, port)
 
 
 def create_om_readme(spec: Spec) -> str:

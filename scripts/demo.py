@@ -15,7 +15,9 @@ Backends: `--backend server` uses PostgreSQL and Redis (127.0.0.1 defaults, over
 twins (no server at all); `auto` (the default) uses the servers when both answer and says
 which one is missing, and how to start it, before it falls back to embedded.
 `--chaos` kills the worker with SIGKILL mid-run and starts a new one: every item must still
-complete exactly once.
+complete exactly once. `--two-workers` also renders `invoice-mailer` / `SEND_INVOICE` into
+the same host (it joins the namespace the first worker created) and runs both side by side:
+each must handle only its own kind.
 """
 
 from __future__ import annotations
@@ -44,9 +46,6 @@ from redis.exceptions import RedisError
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "reference-host"
-WORKER = "shipment-notifier"
-KIND = "NOTIFY_SHIPMENT"
-ENV_PREFIX = "SHIPMENT_NOTIFIER_"
 IGNORE = shutil.ignore_patterns(
     ".venv", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"
 )
@@ -61,6 +60,25 @@ class Backend:
     redis_url: str | None
     admin_url: str | None
     sqlite_path: Path | None
+
+
+@dataclass
+class Worker:
+    """One rendered worker the demo runs: its answers, its metrics port, its process."""
+
+    name: str
+    kind: str
+    port: int
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def env_prefix(self) -> str:
+        return self.name.replace("-", "_").upper() + "_"
+
+
+FIRST = ("shipment-notifier", "NOTIFY_SHIPMENT")
+SECOND = ("invoice-mailer", "SEND_INVOICE")
 
 
 def step(message: str) -> None:
@@ -151,7 +169,7 @@ def prepare_host(work: Path) -> Path:
     return host
 
 
-def render(host: Path) -> None:
+def render(host: Path, worker: Worker) -> None:
     copier = str(Path(sys.executable).with_name("copier"))
     run(
         [
@@ -165,26 +183,25 @@ def render(host: Path) -> None:
             str(REPO),
             ".",
             "-d",
-            f"worker_name={WORKER}",
+            f"worker_name={worker.name}",
             "-d",
-            f"work_kind={KIND}",
+            f"work_kind={worker.kind}",
         ],
         cwd=host,
     )
 
 
-def host_env(backend: Backend, *, metrics_port: int) -> dict[str, str]:
+def host_env(backend: Backend, workers: list[Worker]) -> dict[str, str]:
+    """The environment every host command runs with: the backend's URLs (none: embedded),
+    each worker's metrics port, and a short lease and sweep so `--chaos` recovers quickly."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_PROJECT"))}
     for name in ("ACME_DATABASE_URL", "ACME_REDIS_URL"):
         env.pop(name, None)
-    env.update(
-        {
-            "UV_OFFLINE": "1",
-            f"{ENV_PREFIX}METRICS_PORT": str(metrics_port),
-            f"{ENV_PREFIX}SWEEP_INTERVAL": "2",
-            f"{ENV_PREFIX}LEASE": "10",
-        }
-    )
+    env["UV_OFFLINE"] = "1"
+    for worker in workers:
+        env[f"{worker.env_prefix}METRICS_PORT"] = str(worker.port)
+        env[f"{worker.env_prefix}SWEEP_INTERVAL"] = "2"
+        env[f"{worker.env_prefix}LEASE"] = "10"
     if backend.database_url:
         env["ACME_DATABASE_URL"] = backend.database_url
     if backend.redis_url:
@@ -212,26 +229,37 @@ def prepare_database(host: Path, backend: Backend, env: dict[str, str]) -> None:
     run(["make", "migrate"], cwd=host, env=owner_env)
 
 
-async def counts(backend: Backend) -> dict[str, int]:
-    """Item counts by status, read by the demo itself (not through the worker)."""
-    query = "SELECT status, count(*) FROM work_items WHERE deleted_at IS NULL GROUP BY status"
+async def counts(backend: Backend) -> Counter[str]:
+    """Item counts by status (`completed`, ...) and by `<kind>:<status>`, read by the demo
+    itself straight from the table, not through a worker."""
+    query = (
+        "SELECT kind, status, count(*) FROM work_items WHERE deleted_at IS NULL "
+        "GROUP BY kind, status"
+    )
+    rows: list[tuple[str, str, int]] = []
     if backend.sqlite_path is not None:
-        if not backend.sqlite_path.exists():
-            return {}
-        with sqlite3.connect(backend.sqlite_path, timeout=5) as db:
-            return {str(s).lower(): int(n) for s, n in db.execute(query)}
-    assert backend.admin_url is not None
-    conn = await asyncpg.connect(backend.admin_url)
-    try:
-        return {str(r[0]).lower(): int(r[1]) for r in await conn.fetch(query)}
-    finally:
-        await conn.close()
+        if backend.sqlite_path.exists():
+            with sqlite3.connect(backend.sqlite_path, timeout=5) as db:
+                rows = list(db.execute(query))
+    else:
+        assert backend.admin_url is not None
+        conn = await asyncpg.connect(backend.admin_url)
+        try:
+            rows = [(r[0], r[1], r[2]) for r in await conn.fetch(query)]
+        finally:
+            await conn.close()
+    found: Counter[str] = Counter()
+    for kind, status, n in rows:
+        found[str(status).lower()] += int(n)
+        found[f"{kind}:{str(status).lower()}"] += int(n)
+    return found
 
 
-def start_worker(host: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    out = log.open("ab")
-    return subprocess.Popen(
-        ["uv", "run", "--all-packages", "--offline", WORKER, "serve"],
+def start_worker(host: Path, env: dict[str, str], worker: Worker) -> None:
+    """`<worker> serve` as its own process (its own session, so signals reach uv's child)."""
+    out = worker.log.open("ab")
+    worker.proc = subprocess.Popen(
+        ["uv", "run", "--all-packages", "--offline", worker.name, "serve"],
         cwd=host,
         env=env,
         stdout=out,
@@ -240,22 +268,40 @@ def start_worker(host: Path, env: dict[str, str], log: Path) -> subprocess.Popen
     )
 
 
-def wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+def wait_healthy(worker: Worker, timeout: float = 60) -> None:
+    """Poll the worker's `/healthz` until 200; stop the demo if the process dies first."""
+    assert worker.proc is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.stdout.write(log.read_text(errors="replace")[-4000:])
+        if worker.proc.poll() is not None:
+            sys.stdout.write(worker.log.read_text(errors="replace")[-4000:])
             raise SystemExit(
-                f"demo: the worker exited with {proc.returncode} before it was healthy"
+                f"demo: {worker.name} exited with {worker.proc.returncode} before it was healthy"
             )
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+            url = f"http://127.0.0.1:{worker.port}/healthz"
+            with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
                     return
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.2)
-    raise SystemExit(f"demo: the worker's /healthz did not answer within {timeout:.0f} s")
+    raise SystemExit(f"demo: {worker.name}'s /healthz did not answer within {timeout:.0f} s")
+
+
+def stop_worker(worker: Worker) -> None:
+    """SIGTERM (drain), then report how long the drain took and the exit code."""
+    if worker.proc is None or worker.proc.poll() is not None:
+        return
+    step(f"stopping {worker.name} with SIGTERM (drain)")
+    started = time.monotonic()
+    os.killpg(worker.proc.pid, signal.SIGTERM)
+    try:
+        code = worker.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.proc.pid, signal.SIGKILL)
+        code = worker.proc.wait()
+    print(f"  {worker.name} exited with {code} after {time.monotonic() - started:.1f} s")
 
 
 def bar(done: int, total: int, width: int = 30) -> str:
@@ -264,10 +310,11 @@ def bar(done: int, total: int, width: int = 30) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=200, help="items to enqueue (default 200)")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--count", type=int, default=200, help="items per worker (default 200)")
     parser.add_argument("--backend", choices=["auto", "server", "embedded"], default="auto")
-    parser.add_argument("--chaos", action="store_true", help="SIGKILL the worker mid-run, restart")
+    parser.add_argument("--chaos", action="store_true", help="SIGKILL a worker mid-run, restart")
+    parser.add_argument("--two-workers", action="store_true", help="add invoice-mailer as well")
     parser.add_argument(
         "--metrics-port", type=int, default=int(os.environ.get("DEMO_PORT", "9464"))
     )
@@ -277,97 +324,127 @@ def main() -> int:
     args = parser.parse_args()
 
     work = REPO / ".demo"
+    answers = [FIRST, SECOND] if args.two_workers else [FIRST]
+    workers = [
+        Worker(name, kind, args.metrics_port + i, work / f"{name}.log")
+        for i, (name, kind) in enumerate(answers)
+    ]
+    total = args.count * len(workers)
     backend = choose_backend(args.backend, work)
     step(f"backend: {backend.name}")
     step(f"copying the reference host into {work / 'host'}")
     host = prepare_host(work)
-    step(f"copier copy: worker_name={WORKER} work_kind={KIND}")
-    render(host)
-    env = host_env(backend, metrics_port=args.metrics_port)
+    for worker in workers:
+        step(f"copier copy: worker_name={worker.name} work_kind={worker.kind}")
+        render(host, worker)
+        run(["git", "add", "-A"], cwd=host)
+        run(
+            [
+                "git",
+                "-c",
+                "user.email=demo@example.invalid",
+                "-c",
+                "user.name=demo",
+                "commit",
+                "-q",
+                "-m",
+                f"add {worker.name}",
+            ],
+            cwd=host,
+        )
+    env = host_env(backend, workers)
     step("uv sync (offline, from the warmed cache)")
     run(["uv", "sync", "--offline", "--all-packages", "--quiet"], cwd=host, env=env)
     step("preparing the database")
     prepare_database(host, backend, env)
 
-    log = work / "worker.log"
-    step(f"starting the worker: uv run {WORKER} serve  (log: {log})")
-    worker = start_worker(host, env, log)
     try:
-        wait_healthy(args.metrics_port, worker, log)
-        step(f"enqueueing {args.count} items from a second process")
+        for worker in workers:
+            step(f"starting {worker.name}: uv run {worker.name} serve  (log: {worker.log})")
+            start_worker(host, env, worker)
+        for worker in workers:
+            wait_healthy(worker)
         started = time.monotonic()
-        run(
-            [
-                "uv",
-                "run",
-                "--all-packages",
-                "--offline",
-                WORKER,
-                "enqueue",
-                "--count",
-                str(args.count),
-                "--payload",
-                json.dumps({"record_id": str(uuid.uuid4()), "note": "demo"}),
-            ],
-            cwd=host,
-            env=env,
-        )
+        for worker in workers:
+            step(f"enqueueing {args.count} {worker.kind} items from a second process")
+            payload = json.dumps({"record_id": str(uuid.uuid4()), "note": "demo"})
+            run(
+                [
+                    "uv",
+                    "run",
+                    "--all-packages",
+                    "--offline",
+                    worker.name,
+                    "enqueue",
+                    "--count",
+                    str(args.count),
+                    "--payload",
+                    payload,
+                ],
+                cwd=host,
+                env=env,
+            )
         killed = False
+        tty = sys.stdout.isatty()
+        last_print = 0.0
         while True:
             c = asyncio.run(counts(backend))
-            finished = c.get("completed", 0) + c.get("failed", 0)
-            print(
-                f"\r  {bar(finished, args.count)} {finished:>4}/{args.count}  "
-                f"available {c.get('available', 0):>4}  claimed {c.get('claimed', 0):>3}  "
-                f"completed {c.get('completed', 0):>4}  failed {c.get('failed', 0):>3}",
-                end="",
-                flush=True,
+            finished = c["completed"] + c["failed"]
+            line = (
+                f"{bar(finished, total)} {finished:>4}/{total}  available {c['available']:>4}"
+                f"  claimed {c['claimed']:>3}  completed {c['completed']:>4}"
+                f"  failed {c['failed']:>3}"
             )
-            if args.chaos and not killed and finished >= args.count // 3:
+            if tty:
+                print(f"\r  {line}", end="", flush=True)
+            elif time.monotonic() - last_print >= 1 or finished >= total:
+                print(f"  {line}", flush=True)
+                last_print = time.monotonic()
+            victim = workers[0]
+            if args.chaos and not killed and finished >= total // 3 and victim.proc is not None:
                 print()
-                step(f"chaos: SIGKILL the worker (pid {worker.pid}) with items in flight")
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait()
-                worker = start_worker(host, env, log)
-                wait_healthy(args.metrics_port, worker, log)
+                step(f"chaos: SIGKILL {victim.name} (pid {victim.proc.pid}) with items in flight")
+                os.killpg(victim.proc.pid, signal.SIGKILL)
+                victim.proc.wait()
+                start_worker(host, env, victim)
+                wait_healthy(victim)
                 step("a new worker is up; the sweep hands the lost items back after their lease")
                 killed = True
-            if finished >= args.count:
+            if finished >= total:
                 break
             if time.monotonic() - started > args.timeout:
                 print()
-                raise SystemExit(f"demo: not done after {args.timeout:.0f} s (log: {log})")
+                raise SystemExit(f"demo: not done after {args.timeout:.0f} s (logs in {work})")
             time.sleep(0.25)
         elapsed = time.monotonic() - started
-        print()
+        if tty:
+            print()
     finally:
-        if worker.poll() is None:
-            step("stopping the worker with SIGTERM (drain)")
-            drain_started = time.monotonic()
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                code = worker.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                code = worker.wait()
-            print(f"  the worker exited with {code} after {time.monotonic() - drain_started:.1f} s")
+        for worker in workers:
+            stop_worker(worker)
 
-    # Every worker process appends to the same log: an item completed by two holders would
-    # show two `completed item_id=<id>` lines. The claim token fences the second one out.
-    log_text = log.read_text(errors="replace")
-    completions = Counter(re.findall(r"completed item_id=(\S+)", log_text))
-    retried = len(re.findall(r"attempt failed; requeued item_id=", log_text))
-    twice = sum(1 for n in completions.values() if n > 1)
-    completed = c.get("completed", 0)
-    dead = c.get("failed", 0)  # a dead letter is a failed row (seed 000)
     step("summary")
-    print(f"  completed       {completed}/{args.count}")
-    print(f"  failed          {retried} attempt(s), retried with backoff")
-    print(f"  dead-lettered   {dead}")
-    print(f"  completed twice {twice}")
-    print(f"  elapsed         {elapsed:.2f} s")
-    print(f"  throughput      {args.count / elapsed:.1f} items/s")
-    return 0 if completed == args.count and twice == 0 else 1
+    ok = True
+    for worker in workers:
+        # Every process of a worker appends to one log: an item completed by two holders
+        # would show two `completed item_id=<id>` lines. The claim token fences one out.
+        log_text = worker.log.read_text(errors="replace")
+        completions = Counter(re.findall(r"completed item_id=(\S+)", log_text))
+        twice = sum(1 for n in completions.values() if n > 1)
+        retried = len(re.findall(r"attempt failed; requeued item_id=", log_text))
+        foreign = sorted(set(re.findall(r" kind=(\S+)", log_text)) - {worker.kind})
+        completed = c[f"{worker.kind}:completed"]
+        dead = c[f"{worker.kind}:failed"]  # a dead letter is a failed row (seed 000)
+        print(f"  {worker.name} ({worker.kind})")
+        print(f"    completed       {completed}/{args.count}")
+        print(f"    failed          {retried} attempt(s), retried with backoff")
+        print(f"    dead-lettered   {dead}")
+        print(f"    completed twice {twice}")
+        print(f"    other kinds     {', '.join(foreign) or 'none'}")
+        ok = ok and completed == args.count and twice == 0 and not foreign
+    print(f"  elapsed           {elapsed:.2f} s")
+    print(f"  throughput        {total / elapsed:.1f} items/s")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@
 - `make_host` (factory): a fresh git-initialised copy of `tests/fixtures/reference-host/`
   (or another fixture folder), committed, ready to render into.
 - `render` (factory): `copier.run_copy` of the template into a host with the answers given.
-- `uv_env` (session): the environment for `uv` in rendered hosts; the first sync of the
-  session may reach the index, every later one runs with `UV_OFFLINE=1` from the cache.
+- `uv_env` (session): the environment for `uv` in rendered hosts; every sync is offline,
+  from the cache `make setup` warmed (nothing downloads at test time).
 """
 
 from __future__ import annotations
@@ -156,9 +156,15 @@ def release_change(repo: Path) -> None:
     assert lines[0].startswith('"""'), lines[0]
     lines[0] = f'"""{RELEASE_LINE} ' + lines[0][3:]
     main.write_text("".join(lines), encoding="utf-8")
-    for rel in (f"{PKG_TPL}/handler.py.jinja", f"{WORKER_TPL}/tests/test_handler.py.jinja", PAYLOAD_TPL):
+    for rel in (
+        f"{PKG_TPL}/handler.py.jinja",
+        f"{WORKER_TPL}/tests/test_handler.py.jinja",
+        PAYLOAD_TPL,
+    ):
         path = repo / rel
-        path.write_text(path.read_text(encoding="utf-8") + f"{RELEASE_PROTECTED}\n", encoding="utf-8")
+        path.write_text(
+            path.read_text(encoding="utf-8") + f"{RELEASE_PROTECTED}\n", encoding="utf-8"
+        )
     (repo / WORKER_TPL / "docs").mkdir()
     git(repo, "mv", f"{WORKER_TPL}/README.md.jinja", f"{WORKER_TPL}/docs/README.md.jinja")
     config = repo / "copier.yml"
@@ -234,14 +240,19 @@ def uv_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 
 
 def uv_sync(host: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`uv sync --all-packages` in `host`: offline from the cache when it has everything,
-    otherwise once more online (the session's warm-up), then offline from then on."""
-    cmd = ["uv", "sync", "--all-packages", "--quiet"]
+    """`uv sync --all-packages` in `host`, offline: nothing downloads at test time.
+
+    `make setup` warms the uv cache with every package a rendered host locks (it syncs the
+    reference host once), so a render resolves and installs from the cache alone.
+    """
     done = subprocess.run(
-        cmd, cwd=host, env={**env, "UV_OFFLINE": "1"}, capture_output=True, text=True, check=False
+        ["uv", "sync", "--all-packages", "--offline", "--quiet"],
+        cwd=host,
+        env={**env, "UV_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    if done.returncode != 0 and not env.get("UV_OFFLINE"):
-        done = subprocess.run(cmd, cwd=host, env=env, capture_output=True, text=True, check=False)
-        if done.returncode == 0:
-            env["UV_OFFLINE"] = "1"
+    if done.returncode != 0:
+        done.stderr += "\n(the uv cache lacks a package: run `make setup` first)"
     return done
