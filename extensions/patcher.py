@@ -86,6 +86,7 @@ WORKER_SETTINGS: tuple[tuple[str, str], ...] = (
     ("heartbeat_failure_limit", "3"),
     ("sweep_interval", "30"),
     ("retention", "604800"),
+    ("completed_retention", "604800"),
     ("metrics_host", "127.0.0.1"),
     ("metrics_port", "{metrics_port}"),
     ("drain_deadline", "20"),

@@ -63,6 +63,10 @@ CREATE INDEX ix_work_items_lane_status_available_at
 CREATE INDEX ix_work_items_status_lease_expires_at
     ON work_items (status, lease_expires_at);
 
+-- The retention sweep: a tenant's completed items, oldest first.
+CREATE INDEX ix_work_items_org_id_status_completed_at
+    ON work_items (org_id, status, completed_at);
+
 ALTER TABLE work_items ENABLE ROW LEVEL SECURITY;
 ALTER TABLE work_items FORCE ROW LEVEL SECURITY;
 CREATE POLICY work_items_tenant ON work_items
