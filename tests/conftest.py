@@ -33,7 +33,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 REFERENCE_HOST = FIXTURES / "reference-host"
-PATCHER_HOST = FIXTURES / "patcher" / "host"
 VENV_BIN = Path(sys.executable).parent
 IGNORE = shutil.ignore_patterns(
     ".venv", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", "*.pyc", ".terraform"

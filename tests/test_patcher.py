@@ -1,7 +1,7 @@
 """The host patcher: every fragment applied, idempotent, ruff-clean, and refusing gaps.
 
-Runs against `tests/fixtures/patcher/host/`, a slice of the reference host holding exactly
-the files the fragments edit (docs/host-contract.md), so these tests need no render.
+Runs the patcher directly on fresh copies of the reference host (the files the fragments
+edit are listed in docs/host-contract.md), so these tests need no render.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import PATCHER_HOST, VENV_BIN, commit_all, git, load_extension, tree_state
+from conftest import REFERENCE_HOST, VENV_BIN, commit_all, git, load_extension, tree_state
 
 patcher = load_extension("patcher")
 
@@ -71,7 +71,7 @@ def ruff(host: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def host(make_host: Callable[..., Path]) -> Path:
-    return make_host(PATCHER_HOST)
+    return make_host(REFERENCE_HOST)
 
 
 def test_first_worker_applies_every_changed_row(host: Path) -> None:
@@ -137,8 +137,8 @@ def test_first_worker_applies_every_changed_row(host: Path) -> None:
     cache = (host / "infra/src/acme/infra/cache/__init__.py").read_text()
     assert '    WORKER_LIVENESS = "worker_liveness"\n' in cache
     stage = (host / "om/tests/unit/test_request_stage.py").read_text()
-    for method in ("claim", "claim_many", "maintenance_contexts"):
-        assert f"    WorkManagerInterface.{method},\n" in stage
+    for method in ("claim", "claim_many", "maintenance_contexts", "queue_stats"):
+        assert f'    "WorkManagerInterface.{method}",\n' in stage
     assert "](src/acme/om/work/README.md)" in (host / "om/README.md").read_text()
     dev = (host / "scripts/dev.sh").read_text()
     line = "run shipment-notifier uv run --all-packages shipment-notifier serve\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PATCHER_HOST, commit_all, tree_state
+from conftest import REFERENCE_HOST, commit_all, tree_state
 from copier.errors import UserMessageError
 
 
@@ -50,7 +50,7 @@ def test_bad_answer_is_refused_before_writing(
     answers: dict[str, str],
     expected: str,
 ) -> None:
-    host = make_host(PATCHER_HOST)
+    host = make_host(REFERENCE_HOST)
     assert expected in refused(render, host, **answers)
 
 
@@ -71,7 +71,7 @@ def test_destination_that_is_not_a_host_names_what_is_missing(
 def test_pyproject_without_workspace_is_named(
     make_host: Callable[..., Path], render: Callable[..., Any]
 ) -> None:
-    host = make_host(PATCHER_HOST)
+    host = make_host(REFERENCE_HOST)
     pyproject = host / "pyproject.toml"
     pyproject.write_text(
         pyproject.read_text().replace("[tool.uv.workspace]", "[tool.uv.not-a-workspace]")
@@ -83,7 +83,7 @@ def test_pyproject_without_workspace_is_named(
 def test_worker_folder_as_destination_names_the_command(
     make_host: Callable[..., Path], render: Callable[..., Any]
 ) -> None:
-    host = make_host(PATCHER_HOST)
+    host = make_host(REFERENCE_HOST)
     with pytest.raises(UserMessageError) as caught:
         render(host / "workers" / "shipment-notifier")
     message = str(caught.value)
@@ -96,7 +96,7 @@ def test_worker_folder_as_destination_names_the_command(
 def test_existing_worker_is_refused_with_the_update_command(
     make_host: Callable[..., Path], render: Callable[..., Any]
 ) -> None:
-    host = make_host(PATCHER_HOST)
+    host = make_host(REFERENCE_HOST)
     answers = host / "workers" / "shipment-notifier" / ".copier-answers.yml"
     answers.parent.mkdir(parents=True)
     answers.write_text("worker_name: shipment-notifier\nwork_kind: NOTIFY_SHIPMENT\n")
@@ -108,7 +108,7 @@ def test_existing_worker_is_refused_with_the_update_command(
 def test_kind_held_by_another_worker_is_refused(
     make_host: Callable[..., Path], render: Callable[..., Any]
 ) -> None:
-    host = make_host(PATCHER_HOST)
+    host = make_host(REFERENCE_HOST)
     answers = host / "workers" / "other" / ".copier-answers.yml"
     answers.parent.mkdir(parents=True)
     answers.write_text("worker_name: other\nwork_kind: NOTIFY_SHIPMENT\n")
@@ -120,7 +120,7 @@ def test_kind_held_by_another_worker_is_refused(
 def test_kind_in_the_kinds_module_is_refused(
     make_host: Callable[..., Path], render: Callable[..., Any]
 ) -> None:
-    host = make_host(PATCHER_HOST)
+    host = make_host(REFERENCE_HOST)
     work = host / "om/src/acme/om/work"
     (work / "types").mkdir(parents=True)
     (work / "__init__.py").write_text("")
@@ -175,7 +175,7 @@ def test_host_missing_a_structure_is_refused_naming_file_and_part(
     new: str,
     expected: str,
 ) -> None:
-    host = make_host(PATCHER_HOST)
+    host = make_host(REFERENCE_HOST)
     target = host / path
     text = target.read_text()
     assert old in text
@@ -187,7 +187,7 @@ def test_host_missing_a_structure_is_refused_naming_file_and_part(
 def test_cli_refusal_is_one_line_without_traceback(
     make_host: Callable[..., Path], template_repo: Path
 ) -> None:
-    host = make_host(PATCHER_HOST)
+    host = make_host(REFERENCE_HOST)
     done = subprocess.run(
         [
             sys.executable,
