@@ -9,11 +9,12 @@ export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 export UV_LINK_MODE ?= copy
 PYTEST_ARGS ?=
 
-.PHONY: help setup services demo test lint clean
+.PHONY: help setup services demo test bench lint clean
 
 help:
 	@echo "make demo   render shipment-notifier into the reference host and process 200 items"
 	@echo "make test   run the template's whole test suite (sets everything up first)"
+	@echo "make bench  queue throughput and claim latency against bench/targets.json"
 	@echo "make lint   ruff over the template's own Python"
 	@echo "make clean  remove scratch renders (.demo/, .cache/)"
 
@@ -33,13 +34,16 @@ demo: setup
 	@$(UV) run --locked --quiet python scripts/demo.py $(DEMO_ARGS)
 
 test: setup services
-	@$(UV) run --locked ruff check --quiet extensions tests scripts
-	@$(UV) run --locked ruff format --check --quiet extensions tests scripts
+	@$(UV) run --locked ruff check --quiet extensions tests scripts bench
+	@$(UV) run --locked ruff format --check --quiet extensions tests scripts bench
 	@$(UV) run --locked --quiet pytest $(PYTEST_ARGS)
 
+bench: setup services
+	@$(UV) run --locked --quiet python bench/run.py
+
 lint: setup
-	@$(UV) run --locked ruff check extensions tests scripts
-	@$(UV) run --locked ruff format --check extensions tests scripts
+	@$(UV) run --locked ruff check extensions tests scripts bench
+	@$(UV) run --locked ruff format --check extensions tests scripts bench
 
 clean:
-	rm -rf .demo .cache
+	rm -rf .demo .bench .cache
