@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
+from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -149,6 +150,17 @@ def preflight(context: dict[str, Any]) -> str:
     return facts.root
 
 
+@lru_cache(maxsize=32)
+def _inside_worker_folder(dst: Path) -> Path | None:
+    """The host root when `dst` is a rendered worker's folder (`<host>/workers/<name>` with
+    its answers file), else None. `copier update` run there finds the answers file, renders
+    into the worker folder, changes nothing and exits 0 (copier-facts §2): refuse it."""
+    if not (dst / hostfacts.ANSWERS_NAME).is_file() or dst.parent.name != "workers":
+        return None
+    host = dst.parent.parent
+    return host if hostfacts.discover_host(host).is_host else None
+
+
 class ContextUpdater(ContextHook):
     """Adds the derived names, `_host` and `_preflight` to every render's context."""
 
@@ -160,5 +172,12 @@ class ContextUpdater(ContextHook):
             )
         )
         dst = destination(context)
+        host = None if is_replay_folder(dst) else _inside_worker_folder(dst)
+        if host is not None:
+            raise UserMessageError(
+                f"{dst} is a worker folder: copier must run from the host root, with the "
+                f"worker's answers file. Run instead: cd {host} && copier update --trust "
+                f"--defaults -a {dst.relative_to(host)}/{hostfacts.ANSWERS_NAME}"
+            )
         context["_host"] = hostfacts.discover_host(dst)
         context["_preflight"] = lambda: preflight(context)

@@ -557,9 +557,14 @@ def remove(root: Path, name: str) -> int:
 # --- rename ---------------------------------------------------------------------------------
 
 
-def substitutions(old: str, new: str) -> list[tuple[re.Pattern[str], str]]:
-    """The name forms the template derives from `worker_name`, old to new (whole words)."""
+def substitutions(old: str, new: str, package_root: str = "") -> list[tuple[re.Pattern[str], str]]:
+    """The name forms the template derives from `worker_name`, old to new (whole words).
+
+    `package_root` adds the distribution and image name `<root>-<worker>`, which the
+    whole-word form alone misses (a `-` precedes the worker name there).
+    """
     forms = [
+        *([(f"{package_root}-{old}", f"{package_root}-{new}")] if package_root else []),
         (old, new),
         (old.replace("-", "_"), new.replace("-", "_")),
         (old.replace("-", "_").upper() + "_", new.replace("-", "_").upper() + "_"),
@@ -624,7 +629,7 @@ def rename(root: Path, old: str, new: str) -> int:
             "==> copier update failed; `git checkout . && git clean -fd` undoes it", file=sys.stderr
         )
         return REFUSED
-    subs = substitutions(old, new)
+    subs = substitutions(old, new, str(answers["host_root"]))
     old_prefix = names_of(old, "X")["worker_env_prefix"]
     kept: list[str] = []
     for line in changes(root):

@@ -610,6 +610,15 @@ def test_rename_worker_moves_answers_and_keeps_edits(host: Path) -> None:
     assert answers["worker_name"] == new and answers["_commit"] == "v0.0.1"
     moved = (host / pkg(new) / "handler.py").read_text()
     assert moved.endswith("# our handler note\n")
+    stale = [  # the distribution and image name `acme-<worker>` follows the rename too
+        str(p.relative_to(host))
+        for p in [
+            *(host / f"workers/{new}").rglob("*"),
+            host / f"deployment/docker/{new}.Dockerfile",
+        ]
+        if p.is_file() and f"acme-{B}" in p.read_text(errors="replace")
+    ]
+    assert stale == []
     counts = {rel: (host / rel).read_text() for rel in FRAGMENT_FILES}
     assert all(not re.search(rf"\b{B}\b|INVOICE_MAILER_", t) for t in counts.values()), [
         r for r, t in counts.items() if re.search(rf"\b{B}\b|INVOICE_MAILER_", t)
