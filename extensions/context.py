@@ -153,8 +153,13 @@ def preflight(context: dict[str, Any]) -> str:
 @lru_cache(maxsize=32)
 def _inside_worker_folder(dst: Path) -> Path | None:
     """The host root when `dst` is a rendered worker's folder (`<host>/workers/<name>` with
-    its answers file), else None. `copier update` run there finds the answers file, renders
-    into the worker folder, changes nothing and exits 0 (copier-facts §2): refuse it."""
+    its answers file), else None.
+
+    `copier update` run there renders into the worker folder, changes nothing and exits 0
+    (copier-facts §2). Raising here turns that into a refusal with nothing written. Copier
+    9.19.1 swallows the message while it loads the recorded answers and reports
+    `Question "worker_name" is required` (exit 1) instead; docs/updating.md says so.
+    """
     if not (dst / hostfacts.ANSWERS_NAME).is_file() or dst.parent.name != "workers":
         return None
     host = dst.parent.parent

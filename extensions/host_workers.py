@@ -100,8 +100,10 @@ def read_answers(path: Path) -> dict[str, object]:
 def answers_file(root: Path, name: str) -> Path:
     """`workers/<name>/.copier-answers.yml`, or `RefusedError` naming the workers there are."""
     path = root / "workers" / name / ANSWERS
-    if not name or not path.is_file():
-        known = ", ".join(all_workers(root)) or "none"
+    known = ", ".join(all_workers(root)) or "none"
+    if not name:
+        raise RefusedError(f"name the worker: NAME=<worker> with make (workers: {known})")
+    if not path.is_file():
         raise RefusedError(f"no worker {name!r} (workers made by the template: {known})")
     return path
 
