@@ -690,8 +690,15 @@ def test_makefile_fragment_is_idempotent_and_refreshes_its_block() -> None:
 
 @pytest.mark.slow
 def test_updated_worker_passes_its_own_tests(host: Path, uv_env: dict[str, str]) -> None:
-    """Update A, `uv sync`, then the worker's test suite (needs the worker runtime)."""
-    assert helper(host, "update", A).returncode == 0
+    """Issue 6's acceptance: a worker rendered at the previous tag, with a local handler
+    change, updates to HEAD with no conflict, keeps the change, and its tests pass."""
+    handler = host / pkg(A) / "handler.py"
+    local = "\n\n\nLOCAL_CHANGE = 'kept across updates'\n"
+    handler.write_text(handler.read_text().rstrip("\n") + local)
+    commit_all(host, "a local change to the handler")
+    done = helper(host, "update", A)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert handler.read_text().endswith(local)
     synced = uv_sync(host, uv_env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
     tests = subprocess.run(
