@@ -263,15 +263,18 @@ def test_update_across_tags_runs_no_check_and_patches_nothing_twice(
 def test_two_workers_rendered_in_turn_pass_the_host_gate(
     make_host: Callable[..., Path], render: Callable[..., Any], uv_env: dict[str, str]
 ) -> None:
-    """Issue 5's acceptance: two workers rendered one after the other into a fresh host;
-    the host's `make check` (ruff, format, mypy, arch-check, and every test of the host and
-    of both workers over memory, SQLite, PostgreSQL and Redis) passes, and copying either
-    worker again is refused with nothing written."""
+    """Issue 5's acceptance: two workers rendered one after the other into a fresh host
+    (and a third, a maintenance worker, whose handler takes no managers); the host's
+    `make check` (ruff, format, mypy, arch-check, and every test of the host and of each
+    worker over memory, SQLite, PostgreSQL and Redis) passes, and copying either worker
+    again is refused with nothing written."""
     host = make_host()
     render(host)
     commit_all(host, "shipment-notifier")
     render(host, worker_name="invoice-mailer", work_kind="SEND_INVOICE", container=True)
     commit_all(host, "invoice-mailer")
+    render(host, worker_name="housekeeper", work_kind="NOOP")  # a maintenance worker
+    commit_all(host, "housekeeper")
     synced = uv_sync(host, uv_env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
     gate = subprocess.run(
@@ -284,7 +287,11 @@ def test_two_workers_rendered_in_turn_pass_the_host_gate(
         timeout=1200,
     )
     assert gate.returncode == 0, gate.stdout[-6000:] + gate.stderr[-3000:]
-    for name in ("workers/shipment-notifier/tests", "workers/invoice-mailer/tests"):
+    for name in (
+        "workers/shipment-notifier/tests",
+        "workers/invoice-mailer/tests",
+        "workers/housekeeper/tests",
+    ):
         assert name in gate.stdout, f"{name} did not run"
     assert " failed" not in gate.stdout.splitlines()[-1]
     commit_all(host, "uv.lock with both workers")
@@ -295,3 +302,23 @@ def test_two_workers_rendered_in_turn_pass_the_host_gate(
         with pytest.raises(UserMessageError, match="copier update"):
             render(host, worker_name=worker, work_kind=kind)
         assert tree_state(host) == "", f"copying {worker} again changed the tree"
+
+
+def test_a_noop_worker_is_a_maintenance_worker_whose_handler_takes_no_managers(
+    make_host: Callable[..., Path], render: Callable[..., Any]
+) -> None:
+    host = make_host()
+    render(host, worker_name="housekeeper", work_kind="NOOP")
+    answers = yaml.safe_load((host / "workers/housekeeper/.copier-answers.yml").read_text())
+    assert answers["maintenance"] is True
+    package = host / "workers/housekeeper/src/acme/workers/housekeeper"
+    handler = (package / "handler.py").read_text()
+    assert "class NoopHandlerImpl(WorkHandlerInterface):" in handler
+    assert "__init__" not in handler and "Manager" not in handler.split('"""', 2)[2]
+    assert "handler = NoopHandlerImpl()\n" in (package / "container.py").read_text()
+    commit_all(host, "housekeeper")
+    render(host, worker_name="mailer", work_kind="SEND_MAIL", maintenance=False)
+    mailer = host / "workers/mailer/src/acme/workers/mailer"
+    assert (
+        "def __init__(self, *, audit: AuditManagerInterface)" in (mailer / "handler.py").read_text()
+    )
