@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ANSWERS = ".copier-answers.yml"
@@ -174,11 +175,21 @@ def remote_refs(src: str, root: Path) -> dict[str, str]:
     return refs
 
 
+def latest_release(refs: dict[str, str]) -> tuple[str, tuple[int, ...]] | None:
+    """The highest release tag among the template's refs, with its version."""
+    released = [
+        (tag, parsed)
+        for ref in refs
+        if ref.startswith("refs/tags/")
+        and (parsed := version(tag := ref.removeprefix("refs/tags/"))) is not None
+    ]
+    return max(released, key=lambda pair: pair[1]) if released else None
+
+
 def latest_tag(refs: dict[str, str]) -> str | None:
     """The highest release tag among the template's refs."""
-    tags = [r.removeprefix("refs/tags/") for r in refs if r.startswith("refs/tags/")]
-    released = [t for t in tags if version(t) is not None]
-    return max(released, key=lambda t: version(t) or ()) if released else None
+    newest = latest_release(refs)
+    return newest[0] if newest else None
 
 
 def target_ref(recorded: str, refs: dict[str, str]) -> str:
@@ -189,15 +200,16 @@ def target_ref(recorded: str, refs: dict[str, str]) -> str:
     or from an untagged template (a bare hash) follows the template's HEAD, since copier
     refuses to go from `1.2.0.post3` back to `1.2.0` ("Downgrades are not supported").
     """
-    newest = latest_tag(refs)
-    if newest is None:
+    release = latest_release(refs)
+    if release is None:
         return "HEAD"
+    newest, newest_version = release
     exact = version(recorded)
     if exact is not None:
-        return newest if version(newest) >= exact else "HEAD"  # type: ignore[operator]
+        return newest if newest_version >= exact else "HEAD"
     described = DESCRIBED.match(recorded)
     if described and (base := version(described.group("tag"))) is not None:
-        return newest if version(newest) > base else "HEAD"  # type: ignore[operator]
+        return newest if newest_version > base else "HEAD"
     return newest  # a bare hash: copier reads it as 0.0.0.postN, any release is newer
 
 
@@ -438,7 +450,7 @@ def reverse_fragments(
     pkg = str(answers["host_root"])
     names = names_of(worker, kind)
     touched: list[str] = []
-    edits: list[tuple[str, object]] = [
+    edits: list[tuple[str, Callable[[str], str]]] = [
         ("pyproject.toml", lambda t: drop_member(t, f"workers/{worker}")),
         ("scripts/dev.sh", lambda t: drop_lines(t, [rf"^run {re.escape(worker)} "])),
         (".env.example", lambda t: drop_env_block(t, worker, names["worker_env_prefix"])[0]),
@@ -474,7 +486,7 @@ def reverse_fragments(
         path = root / rel
         if path.is_file():
             old = path.read_text(encoding="utf-8")
-            _write(path, old, edit(old), touched, root)  # type: ignore[operator]
+            _write(path, old, edit(old), touched, root)
     return touched
 
 

@@ -187,16 +187,28 @@ def template_history(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
+def copy_host(dst: Path, source: Path = REFERENCE_HOST) -> Path:
+    """A committed git copy of a host fixture at `dst` (plain function: module- and
+    session-scoped fixtures call it too)."""
+    shutil.copytree(source, dst, ignore=IGNORE, symlinks=True)
+    git(dst, "init", "-q", "-b", "main")
+    commit_all(dst, "host")
+    return dst
+
+
+def copy_template(template: Path, dst: Path, ref: str, **answers: Any) -> Any:
+    """`copier copy` of the template at `ref` into the host `dst`, in-process, unprompted."""
+    return copier.run_copy(
+        str(template), str(dst), data=answers, vcs_ref=ref, unsafe=True, defaults=True, quiet=True
+    )
+
+
 @pytest.fixture
 def make_host(tmp_path: Path) -> Callable[..., Path]:
     """Factory: a committed git copy of a host fixture (`reference-host` by default)."""
 
     def make(source: Path = REFERENCE_HOST, name: str = "host") -> Path:
-        host = tmp_path / name
-        shutil.copytree(source, host, ignore=IGNORE, symlinks=True)
-        git(host, "init", "-q", "-b", "main")
-        commit_all(host, "host")
-        return host
+        return copy_host(tmp_path / name, source)
 
     return make
 
@@ -209,16 +221,7 @@ def render(template_repo: Path) -> Callable[..., Any]:
     """Factory: `copier copy` the template (at `vcs_ref`) into `dst` with `answers`."""
 
     def run(dst: Path, vcs_ref: str = "v0.0.2", **answers: Any) -> Any:
-        data = {**DEFAULT_ANSWERS, **answers}
-        return copier.run_copy(
-            str(template_repo),
-            str(dst),
-            data=data,
-            vcs_ref=vcs_ref,
-            unsafe=True,
-            defaults=True,
-            quiet=True,
-        )
+        return copy_template(template_repo, dst, vcs_ref, **{**DEFAULT_ANSWERS, **answers})
 
     return run
 

@@ -22,16 +22,15 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import copier
 import hcl2
 import pytest
 import yaml
 from conftest import (
-    IGNORE,
     REFERENCE_HOST,
     VENV_BIN,
     commit_all,
-    git,
+    copy_host,
+    copy_template,
     load_extension,
     tree_state,
 )
@@ -119,25 +118,6 @@ def _snapshot(root: Path) -> dict[str, str]:
     }
 
 
-def _copy_host(dst: Path) -> Path:
-    shutil.copytree(REFERENCE_HOST, dst, ignore=IGNORE, symlinks=True)
-    git(dst, "init", "-q", "-b", "main")
-    commit_all(dst, "host")
-    return dst
-
-
-def _copy(template_repo: Path, host: Path, answers: dict[str, Any]) -> None:
-    copier.run_copy(
-        str(template_repo),
-        str(host),
-        data=answers,
-        vcs_ref="v0.0.2",
-        unsafe=True,
-        defaults=True,
-        quiet=True,
-    )
-
-
 def _run(*cmd: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
 
@@ -145,16 +125,16 @@ def _run(*cmd: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory, template_repo: Path) -> Path:
     """The reference host with both workers rendered, each copy committed (read-only)."""
-    root = _copy_host(tmp_path_factory.mktemp("deployment") / "host")
+    root = copy_host(tmp_path_factory.mktemp("deployment") / "host")
     for answers in WORKERS:
-        _copy(template_repo, root, answers)
+        copy_template(template_repo, root, "v0.0.2", **answers)
         commit_all(root, f"worker {answers['worker_name']}")
     return root
 
 
 @pytest.fixture
 def fresh_host(tmp_path: Path) -> Path:
-    return _copy_host(tmp_path / "host")
+    return copy_host(tmp_path / "host")
 
 
 def _worker_tf(host: Path, env: str, answers: dict[str, Any]) -> Path:
@@ -615,7 +595,7 @@ def test_host_without_the_structure_is_refused_before_writing(
     target.write_text(text.replace(old, new), encoding="utf-8")
     commit_all(fresh_host, "break the host")
     with pytest.raises(UserMessageError) as caught:
-        _copy(template_repo, fresh_host, FIRST)
+        copy_template(template_repo, fresh_host, "v0.0.2", **FIRST)
     assert expected in str(caught.value)
     assert tree_state(fresh_host) == "", "a refused copy must leave the tree untouched"
 

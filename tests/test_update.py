@@ -27,7 +27,6 @@ import copier
 import pytest
 import yaml
 from conftest import (
-    IGNORE,
     REFERENCE_HOST,
     RELEASE_KINDS,
     RELEASE_LINE,
@@ -35,6 +34,8 @@ from conftest import (
     REPO,
     VENV_BIN,
     commit_all,
+    copy_host,
+    copy_template,
     git,
     load_extension,
     tree_state,
@@ -73,30 +74,15 @@ class Base:
     a_commit: str
 
 
-def copy_from(template: Path, dst: Path, ref: str, **answers: Any) -> None:
-    """`copier copy` of the template at `ref` into the host `dst` (in-process)."""
-    copier.run_copy(
-        str(template), str(dst), data=answers, vcs_ref=ref, unsafe=True, defaults=True, quiet=True
-    )
-
-
-def new_host(dst: Path) -> Path:
-    """A committed git copy of the reference host."""
-    shutil.copytree(REFERENCE_HOST, dst, ignore=IGNORE, symlinks=True)
-    git(dst, "init", "-q", "-b", "main")
-    commit_all(dst, "host")
-    return dst
-
-
 @pytest.fixture(scope="session")
 def base(template_history: Path, tmp_path_factory: pytest.TempPathFactory) -> Base:
     """Reference host + A (namespace owner) + B, both copied at v0.0.1, each committed."""
-    host = new_host(tmp_path_factory.mktemp("update-base") / "host")
+    host = copy_host(tmp_path_factory.mktemp("update-base") / "host")
     host_commit = git(host, "rev-parse", "HEAD").strip()
-    copy_from(template_history, host, "v0.0.1", **A_ANSWERS)
+    copy_template(template_history, host, "v0.0.1", **A_ANSWERS)
     commit_all(host, f"add {A}")
     a_commit = git(host, "rev-parse", "HEAD").strip()
-    copy_from(template_history, host, "v0.0.1", **B_ANSWERS)
+    copy_template(template_history, host, "v0.0.1", **B_ANSWERS)
     commit_all(host, f"add {B}")
     return Base(host, host_commit, a_commit)
 
@@ -213,8 +199,8 @@ def test_untouched_worker_equals_a_fresh_copy(
     done = make(host, "update-worker", f"NAME={A}")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"worker {A}: updating from v0.0.1 to v0.0.2" in done.stdout
-    fresh = new_host(tmp_path / "fresh")
-    copy_from(template_history, fresh, "v0.0.2", **A_ANSWERS, migration_stamp=stamp)
+    fresh = copy_host(tmp_path / "fresh")
+    copy_template(template_history, fresh, "v0.0.2", **A_ANSWERS, migration_stamp=stamp)
     for rel in (
         f"workers/{A}",
         f"deployment/docker/{A}.Dockerfile",
@@ -483,8 +469,8 @@ def test_head_copy_is_updated_without_a_downgrade(template_history: Path, tmp_pa
     readme = template / "README.md"
     readme.write_text(readme.read_text() + "\nunreleased\n")
     commit_all(template, "unreleased work")
-    host = new_host(tmp_path / "host")
-    copy_from(template, host, "HEAD", **A_ANSWERS)
+    host = copy_host(tmp_path / "host")
+    copy_template(template, host, "HEAD", **A_ANSWERS)
     commit_all(host, "A from HEAD")
     assert re.fullmatch(r"v0\.0\.2-1-g[0-9a-f]+", recorded(host, A)["_commit"])
     with pytest.raises(UserMessageError, match="downgrading"):
@@ -509,8 +495,8 @@ def test_untagged_template_copy_is_updatable(template_history: Path, tmp_path: P
     for tag in ("v0.0.1", "v0.0.2"):
         git(template, "tag", "-d", tag)
     git(template, "reset", "-q", "--hard", "HEAD~1")
-    host = new_host(tmp_path / "host")
-    copy_from(template, host, "HEAD", **A_ANSWERS)
+    host = copy_host(tmp_path / "host")
+    copy_template(template, host, "HEAD", **A_ANSWERS)
     commit_all(host, "A from an untagged template")
     assert re.fullmatch(r"[0-9a-f]{7,}", recorded(host, A)["_commit"])
     git(template, "merge", "-q", "--ff-only", "origin/main")
@@ -637,7 +623,7 @@ def test_rename_worker_moves_answers_and_keeps_edits(host: Path) -> None:
 
 
 def test_a_host_without_a_makefile_is_refused(template_history: Path, tmp_path: Path) -> None:
-    host = new_host(tmp_path / "host")
+    host = copy_host(tmp_path / "host")
     (host / "Makefile").unlink()
     commit_all(host, "no Makefile")
     spec = patcher.Spec(
@@ -649,12 +635,12 @@ def test_a_host_without_a_makefile_is_refused(template_history: Path, tmp_path: 
     )
     assert "Makefile: the file does not exist" in patcher.check_host(host, spec)
     with pytest.raises(UserMessageError, match="Makefile: the file does not exist"):
-        copy_from(template_history, host, "v0.0.2", **A_ANSWERS)
+        copy_template(template_history, host, "v0.0.2", **A_ANSWERS)
     assert tree_state(host) == ""
 
 
 def test_foreign_targets_and_helper_are_refused(tmp_path: Path) -> None:
-    host = new_host(tmp_path / "host")
+    host = copy_host(tmp_path / "host")
     spec = patcher.Spec(
         worker_name=A,
         work_kind="NOTIFY_SHIPMENT",
