@@ -156,7 +156,7 @@ def release_change(repo: Path) -> None:
     lines[0] = f'"""{RELEASE_LINE} ' + lines[0][3:]
     main.write_text("".join(lines), encoding="utf-8")
     for rel in (
-        f"{PKG_TPL}/handler.py.jinja",
+        f"{PKG_TPL}/{{% if not maintenance %}}handler.py{{% endif %}}.jinja",
         f"{WORKER_TPL}/tests/test_handler.py.jinja",
         PAYLOAD_TPL,
     ):
