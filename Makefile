@@ -26,6 +26,11 @@ setup:
 	@$(UV) sync --locked --quiet
 	@cd tests/fixtures/reference-host && UV_PROJECT_ENVIRONMENT=$(CURDIR)/.cache/warm-venv \
 		$(UV) sync --locked --all-packages --quiet
+	@# A render adds a workspace member, so its host re-resolves the lock offline: that needs
+	@# the index metadata of every locked package (every Python fork), which installing from
+	@# the lock alone never fetches.
+	@cd tests/fixtures/reference-host && { $(UV) lock --refresh --dry-run --quiet 2>/dev/null \
+		|| echo "make setup: package index unreachable; renders resolve from the uv cache alone" >&2; }
 
 services:
 	@bash scripts/services.sh

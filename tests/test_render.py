@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +16,18 @@ import copier
 import pytest
 import tomlkit
 import yaml
-from conftest import UPDATE_MARKER, VENV_BIN, commit_all, load_extension, tree_state, uv_sync
+from conftest import (
+    FIXTURES,
+    UPDATE_MARKER,
+    VENV_BIN,
+    commit_all,
+    load_extension,
+    tree_state,
+    uv_sync,
+)
 from copier.errors import UserMessageError
+
+E2E_PARKED = FIXTURES / "host-tests" / "test_parked_records_e2e.py"
 
 patcher = load_extension("patcher")
 
@@ -68,6 +79,7 @@ WORKER_FILES = [
     f"{PKG}/main.py",
     f"{WORKER}/tests/test_handler.py",
     f"{WORKER}/tests/test_loop.py",
+    f"{WORKER}/tests/test_container.py",
     f"{WORK}/enqueuers/notify_shipment.py",
     "om/tests/unit/test_enqueue_notify_shipment.py",
     "deployment/docker/shipment-notifier.Dockerfile",
@@ -267,9 +279,12 @@ def test_two_workers_rendered_in_turn_pass_the_host_gate(
     (and a third, a maintenance worker, whose handler takes no managers); the host's
     `make check` (ruff, format, mypy, arch-check, and every test of the host and of each
     worker over memory, SQLite, PostgreSQL and Redis) passes, and copying either worker
-    again is refused with nothing written."""
+    again is refused with nothing written. Issue 4's parked records end to end: a test
+    written against the reference host's `parking` namespace joins the first worker's
+    tests (a host engineer's test, not a rendered one)."""
     host = make_host()
     render(host)
+    shutil.copy(E2E_PARKED, host / "workers/shipment-notifier/tests" / E2E_PARKED.name)
     commit_all(host, "shipment-notifier")
     render(host, worker_name="invoice-mailer", work_kind="SEND_INVOICE", container=True)
     commit_all(host, "invoice-mailer")
@@ -293,6 +308,9 @@ def test_two_workers_rendered_in_turn_pass_the_host_gate(
         "workers/housekeeper/tests",
     ):
         assert name in gate.stdout, f"{name} did not run"
+    assert f"tests/{E2E_PARKED.name} ... " in gate.stdout, (
+        "the parked-records tests did not all pass"
+    )
     assert " failed" not in gate.stdout.splitlines()[-1]
     commit_all(host, "uv.lock with both workers")
     for worker, kind in (
