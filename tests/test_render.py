@@ -80,6 +80,7 @@ WORKER_FILES = [
     f"{WORKER}/tests/test_handler.py",
     f"{WORKER}/tests/test_loop.py",
     f"{WORKER}/tests/test_container.py",
+    f"{WORKER}/tests/test_main.py",
     f"{WORK}/enqueuers/notify_shipment.py",
     "om/tests/unit/test_enqueue_notify_shipment.py",
     "deployment/docker/shipment-notifier.Dockerfile",
