@@ -88,7 +88,8 @@ def preflight(context: dict[str, Any]) -> str:
     Raises `UserMessageError` with every problem on one line: an answer that breaks its
     format or gives a Python keyword, a destination that is not a host root (naming what
     is missing) or is a worker folder (naming the command to run instead), a worker that
-    already exists (naming the `copier update` command), a kind another worker holds, and
+    already exists (naming the `copier update` command), a worker name whose image or
+    distribution the host already has, a kind another worker holds, and
     a host file missing a structure a fragment needs (extensions/patcher.py `check_host`).
     """
     dst = destination(context)
@@ -108,7 +109,7 @@ def preflight(context: dict[str, Any]) -> str:
             src = context.get("_src_path") or _conf(context, "src_path") or "<template>"
             raise UserMessageError(
                 f"{dst} is inside the host {host}, not its root: the template renders into "
-                f"the host root. Run instead: cd {host} && copier copy --trust {src} . "
+                f"the host root. Run instead: cd {host} && copier copy --trust --defaults {src} . "
                 f"-d worker_name={worker} -d work_kind={kind}"
                 + (f" -d lane={lane}" if lane != "default" else "")
             )
@@ -120,13 +121,19 @@ def preflight(context: dict[str, Any]) -> str:
     if (dst / answers).is_file():
         raise UserMessageError(
             f"worker {worker!r} already exists ({answers}); to bring it to a newer template "
-            f"version run: copier update --trust -a {answers}"
+            f"version run: copier update --trust --defaults -a {answers}"
         )
     folder = dst / "workers" / worker
     if folder.exists() and any(folder.iterdir()):
         raise UserMessageError(
             f"workers/{worker}/ already exists and was not made by this template "
             f"(no {answers}); choose another worker_name"
+        )
+    collisions = hostfacts.name_collisions(dst, facts.root, worker)
+    if collisions:
+        raise UserMessageError(
+            f"worker_name {worker!r} collides with what the host has: "
+            f"{'; '.join(collisions)}; choose another worker_name"
         )
     holder = facts.kinds.get(kind)
     if holder is not None:

@@ -130,6 +130,36 @@ def kinds_in_module(path: Path) -> list[str]:
     return _ENUM_MEMBER.findall(match.group(1)) if match else []
 
 
+def _normalized(name: str) -> str:
+    """A distribution name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def name_collisions(path: Path, root: str, worker: str) -> list[str]:
+    """What a worker named `worker` would overwrite or duplicate outside its own folder.
+
+    Its image `deployment/docker/<worker>.Dockerfile` must not be another service's, and
+    its distribution `<root>-<worker>` must not be the name of a workspace member already
+    there (`om`, `infra`, `services/*` ...: uv refuses two members of one name). Returns
+    one `<file> (<what>)` entry per collision; [] when there is none.
+    """
+    found: list[str] = []
+    dockerfile = Path("deployment") / "docker" / f"{worker}.Dockerfile"
+    if (path / dockerfile).is_file():
+        found.append(f"{dockerfile} (another image of that name)")
+    wanted = _normalized(f"{root}-{worker}")
+    for pyproject in sorted(path.glob("*/pyproject.toml")) + sorted(
+        path.glob("*/*/pyproject.toml")
+    ):
+        try:
+            name = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["name"]
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError):
+            continue
+        if isinstance(name, str) and _normalized(name) == wanted:
+            found.append(f"{pyproject.relative_to(path)} (the distribution {name})")
+    return found
+
+
 def recorded_workers(path: Path) -> dict[str, dict[str, object]]:
     """`workers/<name>/.copier-answers.yml` of every worker, parsed ({} for unreadable)."""
     found: dict[str, dict[str, object]] = {}

@@ -228,8 +228,9 @@ def test_second_copy_of_the_same_worker_is_refused(
     commit_all(rendered, "first worker")
     with pytest.raises(UserMessageError) as caught:
         render(rendered)
-    assert "copier update --trust -a workers/shipment-notifier/.copier-answers.yml" in str(
-        caught.value
+    assert (
+        "copier update --trust --defaults -a workers/shipment-notifier/.copier-answers.yml"
+        in str(caught.value)
     )
     assert tree_state(rendered) == ""
 

@@ -87,7 +87,7 @@ def test_worker_folder_as_destination_names_the_command(
     with pytest.raises(UserMessageError) as caught:
         render(host / "workers" / "shipment-notifier")
     message = str(caught.value)
-    assert f"cd {host} && copier copy --trust " in message
+    assert f"cd {host} && copier copy --trust --defaults " in message
     assert " . -d worker_name=shipment-notifier -d work_kind=NOTIFY_SHIPMENT" in message
     assert tree_state(host) == ""
     assert not (host / "workers").exists()
@@ -102,7 +102,10 @@ def test_existing_worker_is_refused_with_the_update_command(
     answers.write_text("worker_name: shipment-notifier\nwork_kind: NOTIFY_SHIPMENT\n")
     commit_all(host, "an existing worker")
     message = refused(render, host)
-    assert "copier update --trust -a workers/shipment-notifier/.copier-answers.yml" in message
+    assert (
+        "copier update --trust --defaults -a workers/shipment-notifier/.copier-answers.yml"
+        in message
+    )
 
 
 def test_kind_held_by_another_worker_is_refused(
@@ -228,3 +231,25 @@ def test_pytest_copie_empty_destination_is_refused(copie: Any, template_repo: Pa
     assert result.project_dir is None
     rendered = [p for p in copie.test_dir.rglob("*") if p.is_file()]
     assert rendered == [], "pytest-copie's empty destination must stay empty"
+
+
+@pytest.mark.parametrize(
+    ("worker_name", "collision"),
+    [
+        ("api", "deployment/docker/api.Dockerfile (another image of that name); "),
+        ("api", "services/api/pyproject.toml (the distribution acme-api)"),
+        ("om", "om/pyproject.toml (the distribution acme-om)"),
+        ("infra", "infra/pyproject.toml (the distribution acme-infra)"),
+    ],
+)
+def test_worker_name_of_a_host_package_or_image_is_refused(
+    make_host: Callable[..., Path],
+    render: Callable[..., Any],
+    worker_name: str,
+    collision: str,
+) -> None:
+    host = make_host(REFERENCE_HOST)
+    message = refused(render, host, worker_name=worker_name, work_kind="NOTIFY_SHIPMENT")
+    assert f"worker_name {worker_name!r} collides with what the host has: " in message
+    assert collision in message
+    assert message.endswith("; choose another worker_name")
