@@ -100,6 +100,9 @@ def preflight(context: dict[str, Any]) -> str:
     kind = str(context.get("work_kind") or "")
     lane = str(context.get("lane") or "")
     problems = naming.answer_problems(worker_name=worker, work_kind=kind, lane=lane)
+    problems += naming.boolean_problems(
+        dict(_conf(context, "data") or {}), ("maintenance", "container")
+    )
     if problems:
         raise UserMessageError("; ".join(problems))
     facts = hostfacts.discover_host(dst)

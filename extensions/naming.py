@@ -91,3 +91,18 @@ def answer_problems(*, worker_name: str, work_kind: str, lane: str) -> list[str]
                 f"{answer} {value!r} gives {what} {name!r}, a Python keyword; choose another name"
             )
     return problems
+
+
+BOOLEAN_WORDS = frozenset({"y", "yes", "t", "true", "on", "1", "n", "no", "f", "false", "off", "0"})
+"""What a yes/no answer given as text may say; copier casts any other text to true."""
+
+
+def boolean_problems(given: dict[str, object], questions: tuple[str, ...]) -> list[str]:
+    """The yes/no answers among `questions` that `given` (the `-d` data, as typed) holds as
+    text copier would read as true by accident (`maintenance=maybe`); [] when none."""
+    problems: list[str] = []
+    for question in questions:
+        raw = given.get(question)
+        if isinstance(raw, str) and raw.strip().lower() not in BOOLEAN_WORDS:
+            problems.append(f"{question} {raw!r} must be true or false (yes/no, on/off, 1/0)")
+    return problems

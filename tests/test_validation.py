@@ -42,6 +42,8 @@ def refused(render: Callable[..., Any], host: Path, **answers: Any) -> str:
         ({"work_kind": "TYPE"}, "'type', a Python keyword"),
         ({"work_kind": "NONE"}, "'None', a Python keyword"),
         ({"lane": "case"}, "'case', a Python keyword"),
+        ({"maintenance": "maybe"}, "maintenance 'maybe' must be true or false"),
+        ({"container": "sure"}, "container 'sure' must be true or false"),
     ],
 )
 def test_bad_answer_is_refused_before_writing(
