@@ -106,6 +106,12 @@ def preflight(context: dict[str, Any]) -> str:
     if problems:
         raise UserMessageError("; ".join(problems))
     facts = hostfacts.discover_host(dst)
+    given = (_conf(context, "data") or {}).get("host_root")
+    if given and facts.is_host and given != facts.root:
+        raise UserMessageError(
+            f"host_root is discovered from the host ({facts.root!r}), not answered: "
+            f"drop -d host_root={given}"
+        )
     if not facts.is_host:
         host = hostfacts.enclosing_host(dst)
         if host is not None:

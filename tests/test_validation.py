@@ -255,3 +255,14 @@ def test_worker_name_of_a_host_package_or_image_is_refused(
     assert f"worker_name {worker_name!r} collides with what the host has: " in message
     assert collision in message
     assert message.endswith("; choose another worker_name")
+
+
+def test_a_host_root_answer_cannot_skip_the_checks(
+    make_host: Callable[..., Path], render: Callable[..., Any]
+) -> None:
+    host = make_host(REFERENCE_HOST)
+    message = refused(render, host, host_root="other", worker_name="api")
+    assert (
+        message
+        == "host_root is discovered from the host ('acme'), not answered: drop -d host_root=other"
+    )
