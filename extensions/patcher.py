@@ -85,6 +85,7 @@ WORKER_SETTINGS: tuple[tuple[str, str], ...] = (
     ("heartbeat_interval", "5"),
     ("heartbeat_failure_limit", "3"),
     ("sweep_interval", "30"),
+    ("sweep_step_timeout", "60"),
     ("retention", "604800"),
     ("completed_retention", "604800"),
     ("metrics_host", "127.0.0.1"),
