@@ -40,7 +40,7 @@ from pathlib import Path
 ANSWERS = ".copier-answers.yml"
 CONFLICT_MARKERS = ("<<<<<<< before updating", ">>>>>>> after updating")
 UNMERGED = {"DD", "AU", "UD", "UA", "DU", "AA", "UU"}
-TAG = re.compile(r"^v?(\d+(?:\.\d+)*)$")
+TAG = re.compile(r"^v?(\d+(?:\.\d+)+)$")  # at least MAJOR.MINOR: `1772851` is a short hash
 DESCRIBED = re.compile(r"^(?P<tag>.+)-(?P<count>\d+)-g(?P<hash>[0-9a-f]+)$")
 WORKER_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 

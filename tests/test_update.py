@@ -697,3 +697,15 @@ def test_updated_worker_passes_its_own_tests(host: Path, uv_env: dict[str, str])
         timeout=900,
     )
     assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("ref", "parsed"),
+    [("v0.1.0", (0, 1, 0)), ("1.2", (1, 2)), ("1772851", None), ("50233e1", None), ("v1", None)],
+)
+def test_only_a_dotted_version_is_a_release_tag_never_an_all_digit_short_hash(
+    ref: str, parsed: tuple[int, ...] | None
+) -> None:
+    """A worker recorded at commit `1772851` is not at "release 1772851" (check-update would
+    then report it behind forever)."""
+    assert load_extension("host_workers").version(ref) == parsed
