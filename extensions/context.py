@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import re
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -138,6 +139,9 @@ def preflight(context: dict[str, Any]) -> str:
             f"workers/{worker}/ already exists and was not made by this template "
             f"(no {answers}); choose another worker_name"
         )
+    fixed = fixed_answer_problems(dict(_conf(context, "data") or {}), facts)
+    if fixed:
+        raise UserMessageError("; ".join(fixed))
     collisions = hostfacts.name_collisions(dst, facts.root, worker)
     if collisions:
         raise UserMessageError(
@@ -164,6 +168,45 @@ def preflight(context: dict[str, Any]) -> str:
             "the host lacks what the worker's fragments need: " + "; ".join(missing)
         )
     return facts.root
+
+
+STAMP = re.compile(r"^\d{14}$")
+
+
+def fixed_answer_problems(given: dict[str, Any], facts: Any) -> list[str]:
+    """What is wrong with `ask: false` answers given with `-d` (`given` is copier's data).
+
+    They are discovered from the host or computed, not answered (docs/answers.md): a
+    discovered one must equal what the host says, `migration_stamp` must be a UTC stamp,
+    and `metrics_port` a port no recorded worker holds. [] when nothing is wrong.
+    """
+    problems: list[str] = []
+    for answer, discovered in (
+        ("namespace_absent", facts.namespace_absent),
+        ("queue_down_revision", facts.queue_head),
+    ):
+        if answer in given and str(given[answer]).lower() != str(discovered).lower():
+            problems.append(
+                f"{answer} is discovered from the host ({discovered!r}), not answered: "
+                f"drop -d {answer}={given[answer]}"
+            )
+    stamp = given.get("migration_stamp")
+    if stamp is not None and not STAMP.fullmatch(str(stamp)):
+        problems.append(f"migration_stamp {stamp!r} must be a UTC stamp YYYYMMDDHHMMSS")
+    port = given.get("metrics_port")
+    if port is not None:
+        try:
+            number = int(str(port))
+        except ValueError:
+            number = 0
+        if not 1024 <= number <= 65535:
+            problems.append(f"metrics_port {port!r} must be a port from 1024 to 65535")
+        elif number in facts.taken_metrics_ports:
+            problems.append(
+                f"metrics_port {number} is held by another worker; leave it out "
+                f"(the next free one is {facts.next_metrics_port})"
+            )
+    return problems
 
 
 @lru_cache(maxsize=32)

@@ -52,16 +52,22 @@ class HostFacts:
         return not self.problems
 
     @property
+    def taken_metrics_ports(self) -> set[int]:
+        """The local metrics ports recorded workers hold (see `next_metrics_port`)."""
+        taken: set[int] = set()
+        for index, answers in enumerate(self.workers.values()):
+            port = answers.get("metrics_port")
+            taken.add(port if isinstance(port, int) else METRICS_PORT_BASE + index)
+        return taken
+
+    @property
     def next_metrics_port(self) -> int:
         """The first local metrics port no recorded worker holds, from `METRICS_PORT_BASE`.
 
         A worker recorded without a `metrics_port` answer (older template versions) is
         taken to hold the port its position gave it in `.env.example`.
         """
-        taken: set[int] = set()
-        for index, answers in enumerate(self.workers.values()):
-            port = answers.get("metrics_port")
-            taken.add(port if isinstance(port, int) else METRICS_PORT_BASE + index)
+        taken = self.taken_metrics_ports
         port = METRICS_PORT_BASE
         while port in taken:
             port += 1
@@ -140,10 +146,13 @@ def name_collisions(path: Path, root: str, worker: str) -> list[str]:
 
     Its image `deployment/docker/<worker>.Dockerfile` must not be another service's, and
     its distribution `<root>-<worker>` must not be the name of a workspace member already
-    there (`om`, `infra`, `services/*` ...: uv refuses two members of one name). Returns
+    there (`om`, `infra`, `services/*` ...: uv refuses two members of one name), and its
+    settings prefix must not be the host's (`<ROOT>_`, a worker named like the root). Returns
     one `<file> (<what>)` entry per collision; [] when there is none.
     """
     found: list[str] = []
+    if worker.replace("-", "_") == root:
+        found.append(f"the host's package root {root!r} (its settings prefix {root.upper()}_)")
     dockerfile = Path("deployment") / "docker" / f"{worker}.Dockerfile"
     if (path / dockerfile).is_file():
         found.append(f"{dockerfile} (another image of that name)")

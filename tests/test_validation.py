@@ -242,6 +242,7 @@ def test_pytest_copie_empty_destination_is_refused(copie: Any, template_repo: Pa
         ("api", "services/api/pyproject.toml (the distribution acme-api)"),
         ("om", "om/pyproject.toml (the distribution acme-om)"),
         ("infra", "infra/pyproject.toml (the distribution acme-infra)"),
+        ("acme", "the host's package root 'acme' (its settings prefix ACME_)"),
     ],
 )
 def test_worker_name_of_a_host_package_or_image_is_refused(
@@ -265,4 +266,39 @@ def test_a_host_root_answer_cannot_skip_the_checks(
     assert (
         message
         == "host_root is discovered from the host ('acme'), not answered: drop -d host_root=other"
+    )
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        (
+            {"namespace_absent": False},
+            "namespace_absent is discovered from the host (True), not answered",
+        ),
+        ({"migration_stamp": "abc"}, "migration_stamp 'abc' must be a UTC stamp YYYYMMDDHHMMSS"),
+        ({"metrics_port": 80}, "metrics_port 80 must be a port from 1024 to 65535"),
+    ],
+)
+def test_fixed_answers_given_with_d_are_checked(
+    make_host: Callable[..., Path],
+    render: Callable[..., Any],
+    answers: dict[str, Any],
+    expected: str,
+) -> None:
+    host = make_host(REFERENCE_HOST)
+    assert expected in refused(render, host, **answers)
+
+
+def test_a_metrics_port_another_worker_holds_is_refused(
+    make_host: Callable[..., Path], render: Callable[..., Any]
+) -> None:
+    host = make_host(REFERENCE_HOST)
+    render(host)
+    commit_all(host, "shipment-notifier on 9100")
+    message = refused(
+        render, host, worker_name="invoice-mailer", work_kind="SEND_INVOICE", metrics_port=9100
+    )
+    assert message == (
+        "metrics_port 9100 is held by another worker; leave it out (the next free one is 9101)"
     )
