@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo   render shipment-notifier into the reference host and process 200 items"
 	@echo "make test   run the template's whole test suite (sets everything up first)"
-	@echo "make bench  queue throughput and claim latency against bench/targets.json"
+	@echo "make bench  ours vs procrastinate and pgqueuer, held to bench/targets.json"
 	@echo "make lint   ruff over the template's own Python"
 	@echo "make clean  remove scratch renders (.demo/, .cache/)"
 
@@ -43,7 +43,10 @@ test: setup services
 	@$(UV) run --locked ruff format --check --quiet extensions tests scripts bench
 	@$(UV) run --locked --quiet pytest $(PYTEST_ARGS)
 
+## The peers (procrastinate, pgqueuer) go into their own virtualenv, never into a host's.
 bench: setup services
+	@$(UV) venv --quiet --allow-existing --python $(PYTHON) .bench/peers-venv
+	@$(UV) pip install --quiet --python .bench/peers-venv/bin/python -r bench/requirements-peers.txt
 	@$(UV) run --locked --quiet python bench/run.py
 
 lint: setup

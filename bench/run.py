@@ -1,11 +1,38 @@
-"""`make bench`: queue throughput and claim latency of a rendered worker on PostgreSQL.
+"""`make bench`: our generated queue side by side with procrastinate and pgqueuer.
 
-Renders `shipment-notifier` into `.bench/host` (as `make demo` does), migrates a scratch
-database `acme_bench`, then runs `bench/queue_inner.py` inside the host for each scenario:
-enqueue N items with `enqueue_many`, drain them with C concurrent claimers that each
-`claim_many` up to B items and complete them one by one. Each scenario is held to its
-targets in `bench/targets.json` (items per second, p99 claim latency in milliseconds);
-the run exits 1 when one misses. Targets are for this project's 2-core machine.
+Renders `shipment-notifier` into a fresh reference host (`.bench/render/host`, as `make
+demo` does), migrates a scratch database `acme_bench`, gives each peer its own scratch
+database with its schema applied by its own tool, then runs the same workload on every row
+(`ROWS`), `BENCH_RUNS` times:
+
+1. `BENCH_SINGLES` (1,000) single enqueues, one call each, timed;
+2. `BENCH_ITEMS` (20,000) items enqueued in batches of `BENCH_BATCH` (1,000), timed;
+3. one worker process drains them, timed from its start to the last completion (the
+   queue table polled every 50 ms), its CPU (user + sys of the process tree, from
+   `/proc`) and peak RSS (`VmHWM` of the process running the loop) sampled until it exits;
+   the end state is checked: every item done, none twice;
+4. after the worker stopped (its backends flush their statistics on exit): the queue
+   table's size with its indexes and its dead tuples;
+5. wake-up latency: a fresh worker, idle, gets `BENCH_WAKE_COUNT` (200) items enqueued one
+   at a time every 20 ms; latency = enqueue call start to handler start, both
+   `time.time()`, the handler writing its start to the file named by `BENCH_WAKE_LOG`;
+6. a pgbench floor: a one-row prepared `UPDATE ... RETURNING`, 4 clients.
+
+Prints one table of medians, the ratio of ours to each peer row, and the targets of
+`bench/targets.json` (ratios ours / peer, same run); writes everything to
+`.bench/results.json`; exits 1 when a target is missed or an end state is wrong.
+
+Ours is driven inside the host: `bench/ours_client.py` enqueues through the host's managers
+(`uv run`), and the worker is the host's console command run directly from the host's
+virtualenv (`.venv/bin/shipment-notifier serve`), so the pid measured is the loop's. Its
+handler is replaced by `bench/host_noop_handler.py` except on the default-handler row.
+The peers run from `.bench/peers-venv` (`bench/requirements-peers.txt`) via `bench/peers.py`.
+
+Knobs (environment): BENCH_RUNS (3), BENCH_ITEMS (20000), BENCH_SINGLES (1000), BENCH_BATCH
+(1000), BENCH_DRAIN_TIMEOUT (seconds, 120: a drain still running then is stopped and its
+partial rate reported, marked `*`), BENCH_BEST_CAPACITY (50; pool = capacity + 4),
+BENCH_WAKE_COUNT (200), BENCH_PGBENCH_SECONDS (10), BENCH_ROWS (comma-separated row keys,
+all by default), DEMO_PG_URL (the admin URL), DEMO_REDIS_URL.
 """
 
 from __future__ import annotations
@@ -13,9 +40,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -24,69 +62,873 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import demo  # the demo's host preparation, reused as is
 
+BENCH = REPO / "bench"
+WORK = REPO / ".bench"
+PEERS_PYTHON = WORK / "peers-venv" / "bin" / "python"
 ADMIN = os.environ.get("DEMO_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-HOST_PART = ADMIN.split("@", 1)[1].rsplit("/", 1)[0]
+REDIS = os.environ.get("DEMO_REDIS_URL", "redis://127.0.0.1:6379/0")
+PG_HOST = ADMIN.split("@", 1)[1].rsplit("/", 1)[0]  # host:port
+OURS_DB = "acme_bench"
+PEER_ROLE = "bench_peer"
+HANDLER = Path("workers/shipment-notifier/src/acme/workers/shipment_notifier/handler.py")
+SQLITE_FILE = Path(".local/acme.sqlite3")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+POLL = 0.05
 
 
-async def recreate_database() -> None:
-    conn = await asyncpg.connect(ADMIN)
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+RUNS = _env_int("BENCH_RUNS", 3)
+ITEMS = _env_int("BENCH_ITEMS", 20000)
+SINGLES = _env_int("BENCH_SINGLES", 1000)
+BATCH = _env_int("BENCH_BATCH", 1000)
+DRAIN_TIMEOUT = float(os.environ.get("BENCH_DRAIN_TIMEOUT", "120"))
+BEST_CAPACITY = _env_int("BENCH_BEST_CAPACITY", 50)
+WAKE_COUNT = _env_int("BENCH_WAKE_COUNT", 200)
+WAKE_CADENCE = 0.02
+PGBENCH_SECONDS = _env_int("BENCH_PGBENCH_SECONDS", 10)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: a system, how its worker is configured, what it is paired with.
+
+    `system`: `ours`, `procrastinate` or `pgqueuer`. For ours, `capacity` is
+    SHIPMENT_NOTIFIER_CAPACITY (pool = capacity + 4), `redis` whether ACME_REDIS_URL is set,
+    `sqlite` the embedded default (ACME_DATABASE_URL unset), `handler` `noop` or `default`
+    (the rendered one). For a peer, `capacity` is its concurrency (0: library defaults).
+    `wake`: measure wake-up latency. `versus`: the ours row this peer row is compared with.
+    `pool_extra`: connections beside the handler slots (4, or what the rendered settings
+    require when they reserve more: `RESERVED_CONNECTIONS`).
+    """
+
+    key: str
+    label: str
+    system: str
+    capacity: int
+    redis: bool = True
+    sqlite: bool = False
+    handler: str = "noop"
+    wake: bool = False
+    versus: str | None = None
+    pool_extra: int = 4
+
+    @property
+    def pool(self) -> int | None:
+        return self.capacity + self.pool_extra if self.system == "ours" else None
+
+    @property
+    def capacity_label(self) -> str:
+        if self.system == "ours":
+            return f"{self.capacity} (pool {self.pool})"
+        if self.capacity == 0:
+            return "defaults"
+        return str(self.capacity)
+
+
+ROWS = [
+    Row("ours_c1", "ours, no-op, Redis", "ours", 1),
+    Row("ours_c10", "ours, no-op, Redis", "ours", 10, wake=True),
+    Row("ours_best", "ours, no-op, Redis (best)", "ours", BEST_CAPACITY, wake=True),
+    Row("ours_default_c10", "ours, default handler (audit entry)", "ours", 10, handler="default"),
+    Row("ours_noredis_c10", "ours, no-op, no Redis", "ours", 10, redis=False, wake=True),
+    Row("ours_sqlite_c10", "ours, no-op, SQLite embedded", "ours", 10, redis=False, sqlite=True,
+        wake=True),
+    Row("procrastinate_c1", "procrastinate", "procrastinate", 1, versus="ours_c1"),
+    Row("procrastinate_c10", "procrastinate", "procrastinate", 10, wake=True, versus="ours_c10"),
+    Row("pgqueuer_c10", "pgqueuer (concurrency_limit)", "pgqueuer", 10, wake=True,
+        versus="ours_c10"),
+    Row("pgqueuer_defaults", "pgqueuer", "pgqueuer", 0, wake=True, versus="ours_best"),
+]  # fmt: skip
+
+QUEUE_TABLE = {"ours": "work_items", "procrastinate": "procrastinate_jobs", "pgqueuer": "pgqueuer"}
+RESET = {
+    "ours": "TRUNCATE work_items, audit_entries, outbox",
+    "procrastinate": "TRUNCATE procrastinate_jobs, procrastinate_events, procrastinate_workers "
+    "CASCADE",
+    "pgqueuer": "TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics",
+}
+
+
+@dataclass
+class Measurement:
+    """What one run of one row measured; None where not measured or not applicable."""
+
+    enqueue_single_per_s: float | None = None
+    enqueue_batch_per_s: float | None = None
+    items_per_s: float | None = None
+    drain_seconds: float | None = None
+    completed: int = 0
+    partial: bool = False
+    end_state_ok: bool | None = None
+    end_state: str = ""
+    cpu_ms_per_item: float | None = None
+    peak_rss_mb: float | None = None
+    table_mb: float | None = None
+    dead_tuples: int | None = None
+    wake_p50_ms: float | None = None
+    wake_p95_ms: float | None = None
+    wake_p99_ms: float | None = None
+    wake_missing: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# -- processes -----------------------------------------------------------------------------
+
+
+def _json_out(cmd: list[str], *, cwd: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Run a helper that prints one JSON line last; stop the bench when it fails."""
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
+        raise SystemExit(f"bench: `{' '.join(cmd[:6])} ...` failed ({done.returncode})")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _proc_tree(root: int) -> list[int]:
+    """`root` and its live descendants, from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(parents.get(pid, []))
+    return tree
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """user + sys CPU seconds of one process (its reaped children included)."""
     try:
-        await conn.execute("DROP DATABASE IF EXISTS acme_bench WITH (FORCE)")
-        await conn.execute("CREATE DATABASE acme_bench OWNER acme_owner")
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # after the comm: state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14)
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLK_TCK
+
+
+def _vm_hwm_mb(pid: int) -> float | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) / 1024 if found else None
+
+
+class Sampler:
+    """CPU of a process tree (the highest reading seen per pid) and the root's VmHWM."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.cpu: dict[int, float] = {}
+        self.hwm_mb: float | None = None
+
+    def sample(self) -> None:
+        for pid in _proc_tree(self.root):
+            seconds = _cpu_seconds(pid)
+            if seconds is not None:
+                self.cpu[pid] = max(seconds, self.cpu.get(pid, 0.0))
+        hwm = _vm_hwm_mb(self.root)
+        if hwm is not None:
+            self.hwm_mb = max(hwm, self.hwm_mb or 0.0)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu.values())
+
+
+class WorkerProcess:
+    """A worker started in its own session; `stop()` sends SIGTERM, then SIGKILL."""
+
+    def __init__(self, cmd: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.port: int | None = None  # ours: the metrics port, for /healthz
+        self.started = time.monotonic()
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        self.sampler = Sampler(self.proc.pid)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM the process group, sampling until exit; SIGKILL after `timeout`."""
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while self.alive() and time.monotonic() < deadline:
+                self.sampler.sample()
+                time.sleep(POLL)
+            if self.alive():
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.wait()
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+# -- databases -----------------------------------------------------------------------------
+
+
+def _admin_url(database: str) -> str:
+    return ADMIN.rsplit("/", 1)[0] + "/" + database
+
+
+def _peer_dsn(system: str) -> str:
+    return f"postgresql://{PEER_ROLE}@{PG_HOST}/bench_{system}"
+
+
+async def _admin(database: str, *statements: str) -> None:
+    conn = await asyncpg.connect(_admin_url(database))
+    try:
+        for statement in statements:
+            await conn.execute(statement)
     finally:
         await conn.close()
 
 
-def main() -> int:
-    targets = json.loads((REPO / "bench" / "targets.json").read_text())
-    work = REPO / ".bench"
-    host = demo.prepare_host(work)
-    worker = demo.Worker(*demo.FIRST, port=0, log=work / "unused.log")
-    demo.render(host, worker)
+async def _fetchval(database: str, query: str) -> Any:
+    conn = await asyncpg.connect(_admin_url(database))
+    try:
+        return await conn.fetchval(query)
+    finally:
+        await conn.close()
+
+
+async def _recreate_databases() -> None:
+    """`acme_bench` owned by acme_owner; one database per peer, owned by `bench_peer` (a
+    plain LOGIN role, as the application role of a real deployment would be)."""
+    conn = await asyncpg.connect(ADMIN)
+    try:
+        if not await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", PEER_ROLE):
+            await conn.execute(f"CREATE ROLE {PEER_ROLE} LOGIN")
+        for name, owner in [
+            (OURS_DB, "acme_owner"),
+            ("bench_procrastinate", PEER_ROLE),
+            ("bench_pgqueuer", PEER_ROLE),
+            ("bench_pgbench", "postgres"),
+        ]:
+            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            await conn.execute(f"CREATE DATABASE {name} OWNER {owner}")
+    finally:
+        await conn.close()
+
+
+def _database(row: Row) -> str:
+    return OURS_DB if row.system == "ours" else f"bench_{row.system}"
+
+
+def _done_query(row: Row, total: int) -> str:
+    if row.system == "ours":
+        return "SELECT count(*) FROM work_items WHERE status = 'COMPLETED'"
+    if row.system == "procrastinate":
+        return "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+    return f"SELECT {total} - count(*) FROM pgqueuer"  # a finished job's row is deleted
+
+
+# -- the bench -----------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    """The rendered host, its environment and the handlers; runs rows and the pgbench floor."""
+
+    host: Path
+    host_env: dict[str, str]
+    generated_handler: str
+    logs: Path
+    pool_extra: int
+
+    # ours -----------------------------------------------------------------------------
+
+    def ours_env(self, row: Row) -> dict[str, str]:
+        """The worker's environment (and the client's: the same URLs)."""
+        env = dict(self.host_env)
+        env.update(self.ours_knobs(row))
+        return env
+
+    @staticmethod
+    def ours_knobs(row: Row) -> dict[str, str]:
+        """Exactly what the bench sets on our worker (the metrics port is picked per start)."""
+        knobs = {
+            "SHIPMENT_NOTIFIER_CAPACITY": str(row.capacity),
+            "SHIPMENT_NOTIFIER_DATABASE_POOL_SIZE": str(row.pool),
+            "ACME_LOG_LEVEL": "WARNING",
+        }
+        if not row.sqlite:
+            knobs["ACME_DATABASE_URL"] = f"postgresql+asyncpg://acme_app@{PG_HOST}/{OURS_DB}"
+        if row.redis:
+            knobs["ACME_REDIS_URL"] = REDIS
+        return knobs
+
+    def ours_url(self, row: Row) -> str:
+        return (
+            f"sqlite+aiosqlite:///{SQLITE_FILE}"
+            if row.sqlite
+            else f"postgresql+asyncpg://acme_app@{PG_HOST}/{OURS_DB}"
+        )
+
+    def ours_client(self, row: Row, *args: str) -> dict[str, Any]:
+        cmd = ["uv", "run", "--all-packages", "--offline", "python"]
+        cmd += [str(BENCH / "ours_client.py"), *args, "--url", self.ours_url(row)]
+        if row.redis:
+            cmd += ["--redis", REDIS]
+        return _json_out(cmd, cwd=self.host, env=self.ours_env(row))
+
+    def set_handler(self, row: Row) -> None:
+        """The no-op handler, or the rendered one, as a user editing `handler.py` would."""
+        text = (
+            self.generated_handler
+            if row.handler == "default"
+            else (BENCH / "host_noop_handler.py").read_text()
+        )
+        (self.host / HANDLER).write_text(text)
+
+    # every system ---------------------------------------------------------------------
+
+    def reset(self, row: Row) -> None:
+        """Empty the row's queue (and what its handler writes), so each phase starts clean."""
+        if row.sqlite:
+            for path in self.host.glob(f"{SQLITE_FILE}*"):
+                path.unlink()
+            return
+        asyncio.run(_admin(_database(row), RESET[row.system]))
+
+    def enqueue(self, row: Row, singles: int, items: int) -> dict[str, Any]:
+        args = ["--singles", str(singles), "--items", str(items), "--batch", str(BATCH)]
+        if row.system == "ours":
+            return self.ours_client(row, "enqueue", *args)
+        cmd = [str(PEERS_PYTHON), str(BENCH / "peers.py"), "enqueue", "--system", row.system]
+        return _json_out(
+            [*cmd, "--dsn", _peer_dsn(row.system), *args], cwd=REPO, env=dict(os.environ)
+        )
+
+    def start_worker(self, row: Row, tag: str, wake_log: Path | None = None) -> WorkerProcess:
+        log = self.logs / f"{row.key}.{tag}.log"
+        if row.system == "ours":
+            env = self.ours_env(row)
+            port = _free_port()
+            env["SHIPMENT_NOTIFIER_METRICS_PORT"] = str(port)
+            if wake_log:
+                env["BENCH_WAKE_LOG"] = str(wake_log)
+            worker = WorkerProcess(
+                [str(self.host / ".venv" / "bin" / "shipment-notifier"), "serve"],
+                cwd=self.host, env=env, log=log,
+            )  # fmt: skip
+            worker.port = port
+            return worker
+        env = dict(os.environ)
+        if wake_log:
+            env["BENCH_WAKE_LOG"] = str(wake_log)
+        cmd = [str(PEERS_PYTHON), str(BENCH / "peers.py"), "worker", "--system", row.system]
+        cmd += ["--dsn", _peer_dsn(row.system), "--concurrency", str(row.capacity)]
+        cmd += ["--counts", str(self.logs / f"{row.key}.{tag}.counts.json")]
+        return WorkerProcess(cmd, cwd=REPO, env=env, log=log)
+
+    def wait_ready(self, row: Row, worker: WorkerProcess, timeout: float = 60.0) -> None:
+        """Ours: `/healthz` answers 200. Peers: their worker registered (procrastinate) or a
+        short settle (pgqueuer has no probe); then one more second of idling."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not worker.alive():
+                raise SystemExit(f"bench: {row.key} worker exited early:\n{worker.tail()}")
+            if row.system == "ours":
+                try:
+                    url = f"http://127.0.0.1:{worker.port}/healthz"
+                    with urllib.request.urlopen(url, timeout=1) as answer:
+                        if answer.status == 200:
+                            break
+                except (urllib.error.URLError, OSError):
+                    pass
+            elif row.system == "procrastinate":
+                query = "SELECT count(*) FROM procrastinate_workers"
+                if asyncio.run(_fetchval(_database(row), query)):
+                    break
+            elif time.monotonic() - worker.started > 3.0:
+                break
+            time.sleep(0.1)
+        time.sleep(1.0)
+
+    def done_count(
+        self,
+        row: Row,
+        total: int,
+        conn: asyncpg.Connection | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> int:
+        """Items done so far (ours: COMPLETED rows; procrastinate: succeeded jobs;
+        pgqueuer: rows gone from its queue table)."""
+        if row.sqlite:
+            path = self.host / SQLITE_FILE
+            if not path.exists():
+                return 0
+            try:
+                with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1) as db:
+                    found = db.execute(_done_query(row, total)).fetchone()
+            except sqlite3.Error:
+                return 0
+            return int(found[0]) if found else 0
+        assert conn is not None
+        return int(loop.run_until_complete(conn.fetchval(_done_query(row, total))))
+
+    def drain(self, row: Row, total: int, m: Measurement) -> None:
+        """Start a worker, poll until `total` items are done (or the timeout), stop it."""
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        conn = None if row.sqlite else loop.run_until_complete(
+            asyncpg.connect(_admin_url(_database(row)))
+        )  # fmt: skip
+        try:
+            worker = self.start_worker(row, "drain")
+            done, finished = 0, None
+            while True:
+                worker.sampler.sample()
+                done = self.done_count(row, total, conn, loop)
+                if done >= total:
+                    finished = time.monotonic()
+                    break
+                if not worker.alive():
+                    m.notes.append(f"worker exited with {worker.proc.returncode}")
+                    break
+                if time.monotonic() - worker.started > DRAIN_TIMEOUT:
+                    break
+                time.sleep(POLL)
+            elapsed = (finished or time.monotonic()) - worker.started
+            cpu = worker.sampler.cpu_seconds
+            code = worker.stop()
+            if code not in (0, -signal.SIGTERM):
+                m.notes.append(f"drain worker exit code {code}")
+            m.completed = done
+            m.partial = finished is None
+            m.drain_seconds = round(elapsed, 3)
+            m.items_per_s = round(done / elapsed, 1) if elapsed > 0 else None
+            m.cpu_ms_per_item = round(cpu * 1000 / done, 3) if done else None
+            m.peak_rss_mb = round(worker.sampler.hwm_mb, 1) if worker.sampler.hwm_mb else None
+            if m.partial:
+                m.notes.append(f"drain stopped after {elapsed:.0f} s: {done}/{total} done")
+            self.check_end_state(row, total, m, worker, conn, loop)
+        finally:
+            if conn is not None:
+                loop.run_until_complete(conn.close())
+            loop.close()
+            asyncio.set_event_loop(None)
+
+    def check_end_state(
+        self,
+        row: Row,
+        total: int,
+        m: Measurement,
+        worker: WorkerProcess,
+        conn: asyncpg.Connection | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """All done, none twice; then the queue table's size and dead tuples."""
+        if row.system == "ours":
+            query = (
+                "SELECT count(*), count(*) FILTER (WHERE status = 'COMPLETED' AND attempts = 1),"
+                " count(*) FILTER (WHERE attempts > 1) FROM work_items"
+            )
+            if row.sqlite:
+                with sqlite3.connect(self.host / SQLITE_FILE, timeout=30) as db:
+                    rows, once, twice = db.execute(query).fetchone()
+                size = sum(p.stat().st_size for p in self.host.glob(f"{SQLITE_FILE}*"))
+                m.table_mb = round(size / 2**20, 2)  # the whole SQLite file
+            else:
+                assert conn is not None
+                rows, once, twice = loop.run_until_complete(conn.fetchrow(query))
+            m.end_state = f"{once}/{rows} completed after exactly 1 attempt, {twice} retried"
+            m.end_state_ok = rows == total and once == total
+        else:
+            counts_file = self.logs / f"{row.key}.drain.counts.json"
+            counts = json.loads(counts_file.read_text()) if counts_file.exists() else {}
+            calls, distinct = counts.get("calls"), counts.get("distinct")
+            assert conn is not None
+            if row.system == "procrastinate":
+                query = (
+                    "SELECT count(*) FILTER (WHERE status = 'succeeded') FROM procrastinate_jobs"
+                )
+            else:
+                query = "SELECT count(*) FROM pgqueuer"
+            found = int(loop.run_until_complete(conn.fetchval(query)))
+            remaining = found if row.system == "pgqueuer" else total - found
+            m.end_state = (
+                f"{total - remaining}/{total} done, handler calls {calls} ({distinct} distinct)"
+            )
+            m.end_state_ok = remaining == 0 and calls == total and distinct == total
+        if m.partial:
+            m.end_state_ok = None  # not judged: the drain was cut short
+        if not row.sqlite:
+            assert conn is not None
+            # The worker has exited, so its backends flushed their statistics; force ours.
+            loop.run_until_complete(conn.execute("SELECT pg_stat_force_next_flush()"))
+            time.sleep(0.5)
+            table = QUEUE_TABLE[row.system]
+            size, dead = loop.run_until_complete(
+                conn.fetchrow(
+                    f"SELECT pg_total_relation_size('{table}'), (SELECT n_dead_tup FROM "
+                    f"pg_stat_user_tables WHERE relname = '{table}')"
+                )
+            )
+            m.table_mb = round(size / 2**20, 2)
+            m.dead_tuples = dead
+
+    def wake(self, row: Row, m: Measurement) -> None:
+        """Wake-up latency of an idle, started worker: probes on a 20 ms cadence."""
+        self.reset(row)
+        wake_log = self.logs / f"{row.key}.wake.times"
+        wake_log.unlink(missing_ok=True)
+        if row.sqlite:
+            self.enqueue(row, 0, 0)  # creates the SQLite tables before the worker polls
+        worker = self.start_worker(row, "wake", wake_log=wake_log)
+        try:
+            self.wait_ready(row, worker)
+            args = ["--count", str(WAKE_COUNT), "--cadence", str(WAKE_CADENCE)]
+            if row.system == "ours":
+                starts = self.ours_client(row, "wake", *args)["starts"]
+            else:
+                cmd = [str(PEERS_PYTHON), str(BENCH / "peers.py"), "wake", "--system", row.system]
+                cmd += ["--dsn", _peer_dsn(row.system), *args]
+                starts = _json_out(cmd, cwd=REPO, env=dict(os.environ))["starts"]
+            handled: dict[str, float] = {}
+            deadline = time.monotonic() + 15.0
+            while time.monotonic() < deadline:
+                if wake_log.exists():
+                    for line in wake_log.read_text().splitlines():
+                        marker, _, at = line.partition(" ")
+                        if marker in starts and at:
+                            handled.setdefault(marker, float(at))
+                if len(handled) >= len(starts):
+                    break
+                time.sleep(0.1)
+        finally:
+            worker.stop()
+        latencies = sorted((handled[k] - starts[k]) * 1000 for k in handled)
+        m.wake_missing = len(starts) - len(handled)
+        if latencies:
+            m.wake_p50_ms = round(_percentile(latencies, 50), 1)
+            m.wake_p95_ms = round(_percentile(latencies, 95), 1)
+            m.wake_p99_ms = round(_percentile(latencies, 99), 1)
+        if m.wake_missing:
+            m.notes.append(f"wake-up: {m.wake_missing} probe(s) not handled within 15 s")
+
+    def measure(self, row: Row) -> Measurement:
+        """One run of one row: enqueue singles, enqueue batches, drain, wake-up."""
+        m = Measurement()
+        if row.system == "ours":
+            self.set_handler(row)
+        self.reset(row)
+        timed = self.enqueue(row, SINGLES, 0)
+        m.enqueue_single_per_s = round(SINGLES / timed["single_seconds"], 1)
+        self.reset(row)
+        timed = self.enqueue(row, 0, ITEMS)
+        m.enqueue_batch_per_s = round(ITEMS / timed["batch_seconds"], 1)
+        self.drain(row, ITEMS, m)
+        if row.wake:
+            self.wake(row, m)
+        return m
+
+    def pgbench(self) -> float | None:
+        """tps of a one-row prepared `UPDATE ... RETURNING`, 4 clients: the server's floor."""
+        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench"))
+        binary = shutil.which("pgbench") or (str(found[-1]) if found else None)
+        if binary is None:
+            print("bench: pgbench not found (apt-get install postgresql-contrib); skipped")
+            return None
+        asyncio.run(
+            _admin(
+                "bench_pgbench",
+                "DROP TABLE IF EXISTS floor",
+                "CREATE TABLE floor (id int PRIMARY KEY, n bigint NOT NULL)",
+                "INSERT INTO floor VALUES (1, 0)",
+            )
+        )
+        script = self.logs / "pgbench.sql"
+        script.write_text("UPDATE floor SET n = n + 1 WHERE id = 1 RETURNING n;\n")
+        host, _, port = PG_HOST.partition(":")
+        user = ADMIN.split("://", 1)[1].split("@", 1)[0].split(":", 1)[0]
+        done = subprocess.run(
+            [binary, "-h", host, "-p", port or "5432", "-U", user, "-n", "-M", "prepared",
+             "-c", "4", "-j", "2", "-T", str(PGBENCH_SECONDS), "-f", str(script),
+             "bench_pgbench"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        tps = re.search(r"tps = ([\d.]+)", done.stdout)
+        if done.returncode != 0 or not tps:
+            print(f"bench: pgbench failed: {done.stderr.strip()[-500:]}")
+            return None
+        return round(float(tps.group(1)), 1)
+
+
+def _percentile(ordered: list[float], pct: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    rank = max(1, -(-len(ordered) * pct // 100))
+    return ordered[int(rank) - 1]
+
+
+# -- report --------------------------------------------------------------------------------
+
+COLUMNS = [
+    ("items/s", "items_per_s", 9),
+    ("enq batch/s", "enqueue_batch_per_s", 12),
+    ("enq 1x1/s", "enqueue_single_per_s", 10),
+    ("wake p50", "wake_p50_ms", 9),
+    ("p95", "wake_p95_ms", 8),
+    ("p99 ms", "wake_p99_ms", 8),
+    ("CPU ms/it", "cpu_ms_per_item", 10),
+    ("RSS MB", "peak_rss_mb", 8),
+    ("table MB", "table_mb", 9),
+    ("dead tup", "dead_tuples", 9),
+]
+METRICS = [key for _, key, _ in COLUMNS]
+
+
+def medians(runs: list[Measurement]) -> dict[str, Any]:
+    """Median of every metric over the runs that measured it; `partial` if any run was."""
+    out: dict[str, Any] = {}
+    for key in METRICS:
+        values = [getattr(m, key) for m in runs if getattr(m, key) is not None]
+        out[key] = round(statistics.median(values), 3) if values else None
+    out["partial"] = any(m.partial for m in runs)
+    out["end_state_ok"] = all(m.end_state_ok is not False for m in runs)
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and value >= 100:
+        return f"{value:.0f}"
+    if isinstance(value, float):
+        return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def print_table(rows: list[Row], med: dict[str, dict[str, Any]]) -> None:
+    head = f"{'system':<38}{'capacity':<14}" + "".join(f"{t:>{w}}" for t, _, w in COLUMNS)
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        got = med[row.key]
+        cells = []
+        for _, key, width in COLUMNS:
+            text = _fmt(got[key])
+            if key == "items_per_s" and got["partial"]:
+                text += "*"
+            cells.append(f"{text:>{width}}")
+        flag = "" if got["end_state_ok"] else "  END STATE WRONG"
+        print(f"{row.label:<38}{row.capacity_label:<14}" + "".join(cells) + flag)
+    if any(med[r.key]["partial"] for r in rows):
+        print(f"* the drain hit BENCH_DRAIN_TIMEOUT={DRAIN_TIMEOUT:.0f} s: the partial rate")
+
+
+def print_ratios(rows: list[Row], med: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Ours / peer for every peer row, against the ours row it is paired with."""
+    ratios: dict[str, dict[str, Any]] = {}
+    keys = {
+        "items_per_s": "items/s",
+        "enqueue_batch_per_s": "enq batch",
+        "enqueue_single_per_s": "enq 1x1",
+        "wake_p50_ms": "wake p50",
+        "wake_p95_ms": "wake p95",
+        "cpu_ms_per_item": "CPU/item",
+        "peak_rss_mb": "RSS",
+    }
+    present = {r.key for r in rows}
+    pairs = [r for r in rows if r.versus and r.versus in present]
+    if not pairs:
+        return ratios
+    print("\nours / peer (items/s and enqueue: higher is better; wake-up, CPU, RSS: lower)")
+    print(f"{'ours row':<20}{'peer row':<20}" + "".join(f"{t:>10}" for t in keys.values()))
+    for peer in pairs:
+        assert peer.versus is not None
+        ours, theirs = med[peer.versus], med[peer.key]
+        found = {k: _ratio(ours[k], theirs[k]) for k in keys}
+        ratios[f"{peer.versus}/{peer.key}"] = found
+        cells = "".join(f"{_fmt(v):>10}" for v in found.values())
+        print(f"{peer.versus:<20}{peer.key:<20}" + cells)
+    return ratios
+
+
+def _ratio(ours: float | None, peer: float | None) -> float | None:
+    return round(ours / peer, 3) if ours is not None and peer else None
+
+
+def check_targets(
+    targets: dict[str, Any], rows: list[Row], med: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Every floor of targets.json, judged on the medians: ratio = ours / peer."""
+    present = {r.key for r in rows}
+    results = []
+    print("\ntargets (bench/targets.json, ours / peer, same run)")
+    for target in targets["targets"]:
+        peer = target["peer"]
+        if isinstance(peer, dict):  # {"lowest": metric, "among": [row keys]}
+            among = [k for k in peer["among"] if k in present and med[k][peer["lowest"]]]
+            peer = min(among, key=lambda k: med[k][peer["lowest"]]) if among else None
+        ours_key, metric, floor = target["ours"], target["metric"], target["ratio"]
+        value = None
+        if peer and ours_key in present:
+            value = _ratio(med[ours_key][metric], med[peer][metric])
+        if value is None:
+            ok, verdict = False, "NOT MEASURED"
+        else:
+            ok = value >= floor if target["op"] == ">=" else value <= floor
+            verdict = "ok" if ok else "MISSED"
+        results.append({**target, "peer_row": peer, "value": value, "ok": ok})
+        shown = "-" if value is None else f"{value:.3f}"
+        print(f"  {verdict:<13}{target['name']:<62} {shown:>8} {target['op']} {floor}")
+    for metric in targets.get("reported_for_every_row", []):
+        missing = [r.key for r in rows if med[r.key][metric] is None]
+        ok = not missing
+        results.append({"name": f"{metric} reported for every row", "ok": ok, "missing": missing})
+        verdict = "ok" if ok else "MISSED"
+        print(
+            f"  {verdict:<13}{metric} reported for every row" + (f": {missing}" if missing else "")
+        )
+    return results
+
+
+# -- main ----------------------------------------------------------------------------------
+
+
+def _reserved_connections(host: Path, env: dict[str, str]) -> int:
+    """The pool beside the handler slots: 4, or more when the rendered settings reserve more
+    (their `RESERVED_CONNECTIONS`; a worker refuses to start on a smaller pool)."""
+    code = (
+        "from acme.workers.shipment_notifier import settings as s;"
+        "print(sum(getattr(s, 'RESERVED_CONNECTIONS', {}).values()))"
+    )
+    done = subprocess.run(
+        [str(host / ".venv" / "bin" / "python"), "-c", code],
+        cwd=host, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    reserved = int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else 0
+    return max(4, reserved)
+
+
+def prepare() -> Bench:
+    """Render, sync, migrate; the peers' databases and schemas; the peers' virtualenv."""
+    if not PEERS_PYTHON.exists():
+        raise SystemExit(
+            "bench: .bench/peers-venv is missing: run `make bench` (it installs "
+            "bench/requirements-peers.txt there)"
+        )
+    print("bench: rendering shipment-notifier into .bench/render/host", flush=True)
+    host = demo.prepare_host(WORK / "render")
+    demo.render(host, demo.Worker(*demo.FIRST, port=0, log=WORK / "render" / "unused.log"))
     env = demo.host_env(demo.Backend("bench", None, None, None, None), [])
     demo.run(["uv", "sync", "--offline", "--all-packages", "--quiet"], cwd=host, env=env)
     demo.run(["bash", "scripts/infra-up.sh"], cwd=host, env=env)
-    asyncio.run(recreate_database())
-    owner = f"postgresql+asyncpg://acme_owner@{HOST_PART}/acme_bench"
+    asyncio.run(_recreate_databases())
+    owner = f"postgresql+asyncpg://acme_owner@{PG_HOST}/{OURS_DB}"
     demo.run(["make", "migrate"], cwd=host, env={**env, "ACME_MIGRATION_URL": owner})
-    app_url = f"postgresql+asyncpg://acme_app@{HOST_PART}/acme_bench"
-    failed = False
-    print(f"{'scenario':<28}{'items/s':>10}{'target':>10}{'p99 ms':>10}{'target':>10}")
-    for scenario in targets["scenarios"]:
-        args = [str(scenario[k]) for k in ("items", "claimers", "batch")]
-        done = subprocess.run(
-            [
-                "uv",
-                "run",
-                "--all-packages",
-                "--offline",
-                "python",
-                str(REPO / "bench" / "queue_inner.py"),
-                app_url,
-                *args,
-            ],
-            cwd=host,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            sys.stderr.write(done.stdout + done.stderr)
-            return 1
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        ok = (
-            result["items_per_second"] >= scenario["min_items_per_second"]
-            and result["claim_p99_ms"] <= scenario["max_claim_p99_ms"]
-        )
-        failed = failed or not ok
-        name = f"{scenario['items']} items, {scenario['claimers']}x{scenario['batch']}"
-        print(
-            f"{name:<28}{result['items_per_second']:>10}{scenario['min_items_per_second']:>10}"
-            f"{result['claim_p99_ms']:>10}{scenario['max_claim_p99_ms']:>10}"
-            f"  {'ok' if ok else 'MISSED'}"
-        )
-    return 1 if failed else 0
+    for system in ("procrastinate", "pgqueuer"):
+        cmd = [str(PEERS_PYTHON), str(BENCH / "peers.py"), "install", "--system", system]
+        _json_out([*cmd, "--dsn", _peer_dsn(system)], cwd=REPO, env=dict(os.environ))
+    logs = WORK / "logs"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    return Bench(host, env, (host / HANDLER).read_text(), logs, _reserved_connections(host, env))
+
+
+def main() -> int:
+    began = time.monotonic()
+    targets = json.loads((BENCH / "targets.json").read_text())
+    wanted = [k for k in os.environ.get("BENCH_ROWS", "").split(",") if k]
+    bench = prepare()
+    rows = [replace(r, pool_extra=bench.pool_extra) for r in ROWS if not wanted or r.key in wanted]
+    if bench.pool_extra != 4:
+        print(f"bench: the rendered settings reserve {bench.pool_extra} connections: pool = "
+              f"capacity + {bench.pool_extra}")  # fmt: skip
+    versions = _json_out([str(PEERS_PYTHON), str(BENCH / "peers.py"), "versions"], cwd=REPO,
+                         env=dict(os.environ))  # fmt: skip
+    runs: dict[str, list[Measurement]] = {r.key: [] for r in rows}
+    pgbench: list[float] = []
+    for n in range(RUNS):
+        for row in rows:
+            started = time.monotonic()
+            m = bench.measure(row)
+            runs[row.key].append(m)
+            notes = f"; {'; '.join(m.notes)}" if m.notes else ""
+            print(
+                f"bench: run {n + 1}/{RUNS} {row.key}: {_fmt(m.items_per_s)} items/s "
+                f"({m.end_state}){notes} [{time.monotonic() - started:.0f} s]",
+                flush=True,
+            )
+        tps = bench.pgbench()
+        if tps is not None:
+            pgbench.append(tps)
+    bench.set_handler(Row("restore", "", "ours", 1, handler="default"))
+    med = {key: medians(found) for key, found in runs.items()}
+    elapsed = time.monotonic() - began
+
+    print(
+        f"\n{RUNS} run(s), {ITEMS} items drained, {SINGLES} single enqueues, batches of {BATCH}; "
+        f"medians. Peers: " + ", ".join(f"{k} {v}" for k, v in versions.items())
+    )
+    print_table(rows, med)
+    floor = statistics.median(pgbench) if pgbench else None
+    print(f"\npgbench floor (one-row prepared UPDATE ... RETURNING, 4 clients): {_fmt(floor)} tps")
+    ratios = print_ratios(rows, med)
+    verdicts = check_targets(targets, rows, med)
+    wrong = [r.key for r in rows if not med[r.key]["end_state_ok"]]
+    if wrong:
+        print(f"\nbench: wrong end state (an item not done, or done twice) on: {', '.join(wrong)}")
+    missed = [v["name"] for v in verdicts if not v["ok"]]
+    print(f"\nbench: {elapsed / 60:.1f} min; results in .bench/results.json")
+    result = {
+        "config": {
+            "runs": RUNS,
+            "items": ITEMS,
+            "singles": SINGLES,
+            "batch": BATCH,
+            "drain_timeout_s": DRAIN_TIMEOUT,
+            "wake_count": WAKE_COUNT,
+            "wake_cadence_s": WAKE_CADENCE,
+            "best_capacity": {"capacity": BEST_CAPACITY, "pool": BEST_CAPACITY + bench.pool_extra},
+        },
+        "versions": versions,
+        "rows": {r.key: asdict(r) | {"capacity_label": r.capacity_label} for r in rows},
+        "ours_worker_env": {
+            r.key: Bench.ours_knobs(r) | {"SHIPMENT_NOTIFIER_METRICS_PORT": "<free port>"}
+            for r in rows
+            if r.system == "ours"
+        },
+        "runs": {key: [asdict(m) for m in found] for key, found in runs.items()},
+        "medians": med,
+        "ratios": ratios,
+        "pgbench_tps": {"runs": pgbench, "median": floor},
+        "targets": verdicts,
+        "missed": missed,
+        "wrong_end_state": wrong,
+        "elapsed_s": round(elapsed, 1),
+    }
+    (WORK / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    if missed:
+        print("bench: missed: " + "; ".join(missed))
+    return 1 if missed or wrong else 0
 
 
 if __name__ == "__main__":

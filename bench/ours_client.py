@@ -1,0 +1,129 @@
+"""Runs inside the rendered host (`uv run --all-packages --offline python ...`, cwd = host):
+enqueues through the host's own managers, as an application of the host would.
+
+    python ours_client.py enqueue --url URL [--redis URL] --singles N --items M --batch B
+    python ours_client.py wake --url URL [--redis URL] --count N --cadence S
+
+`enqueue` creates a tenant, enqueues N items one call each, then M items in batches of B
+(`enqueue_many`), and prints one JSON line: `single_seconds`, `batch_seconds`. The singles
+are enqueued first; the caller empties the table between the two when it wants only the
+batched items drained.
+
+`wake` enqueues N probe items (payload `note` = `wake`) one at a time, one every S seconds,
+and prints one JSON line `{"starts": {record_id: time.time() at the enqueue call}}`.
+
+With `--redis` the process publishes `WORK_AVAILABLE` through Redis (`Infra.build`), so a
+worker in another process wakes on it; without, through the in-memory twin (no wake-up
+crosses the process boundary). An SQLite URL gets its tables created first, as the worker
+does at start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+from uuid import uuid4
+
+from acme.infra.container import Infra
+from acme.infra.settings import InfraSettings
+from acme.om.context import AppContext, AppType, OpContext, RequestContext
+from acme.om.root import Managers, build_managers
+from acme.om.schema import create_all
+from acme.om.storage.funnel import StorageFunnel
+from acme.om.storage.impl.sql import SqlStorageRoot
+from acme.om.types import EMPTY_UUID
+from acme.om.work.types.work_item import WorkItem, WorkKind
+from sqlalchemy.engine import make_url
+
+APP = AppContext(type=AppType.SERVICE, version="bench@0")
+KIND = WorkKind.NOTIFY_SHIPMENT
+
+
+async def _open(url: str, redis: str | None) -> tuple[StorageFunnel, Infra, Managers, OpContext]:
+    """A funnel, infrastructure, managers, and a service context of a fresh tenant."""
+    if url.startswith("sqlite"):
+        database = make_url(url).database
+        if database:
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        create_all(url)
+    funnel = StorageFunnel.from_url(url, pool_size=4)
+    infra = Infra.build(InfraSettings(database_url=url, redis_url=redis))
+    managers = build_managers(SqlStorageRoot(funnel), infra)
+    rctx = RequestContext.new(APP)
+    org = await managers.tenancy.create_org(rctx, f"bench-{uuid4().hex[:8]}")
+    ctx = await managers.tenancy.service_context(
+        rctx, org_id=org.id, acting_for=EMPTY_UUID, caused_by_request_id=None
+    )
+    return funnel, infra, managers, ctx
+
+
+def _item(ctx: OpContext, note: str = "") -> WorkItem:
+    payload: dict[str, str] = {"record_id": str(uuid4())}
+    if note:
+        payload["note"] = note
+    return WorkItem.new(org_id=ctx.org_id, kind=KIND, payload=payload)
+
+
+async def enqueue(url: str, redis: str | None, singles: int, items: int, batch: int) -> dict:
+    """Time `singles` single enqueues, then `items` in batches of `batch`."""
+    funnel, infra, managers, ctx = await _open(url, redis)
+    try:
+        started = time.perf_counter()
+        for _ in range(singles):
+            await managers.work.enqueue(ctx, _item(ctx))
+        single_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        for offset in range(0, items, batch):
+            chunk = [_item(ctx) for _ in range(min(batch, items - offset))]
+            await managers.work.enqueue_many(ctx, chunk)
+        batch_seconds = time.perf_counter() - started
+    finally:
+        await funnel.dispose()
+        await infra.aclose()
+    return {"single_seconds": single_seconds, "batch_seconds": batch_seconds}
+
+
+async def wake(url: str, redis: str | None, count: int, cadence: float) -> dict:
+    """Enqueue `count` probe items on a `cadence`, recording each call's start time."""
+    funnel, infra, managers, ctx = await _open(url, redis)
+    starts: dict[str, float] = {}
+    try:
+        origin = time.monotonic()
+        for n in range(count):
+            await asyncio.sleep(max(0.0, origin + n * cadence - time.monotonic()))
+            item = _item(ctx, note="wake")
+            starts[str(item.payload["record_id"])] = time.time()
+            await managers.work.enqueue(ctx, item)
+    finally:
+        await funnel.dispose()
+        await infra.aclose()
+    return {"starts": starts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("enqueue", "wake"):
+        p = sub.add_parser(name)
+        p.add_argument("--url", required=True)
+        p.add_argument("--redis", default=None)
+        if name == "enqueue":
+            p.add_argument("--singles", type=int, default=1000)
+            p.add_argument("--items", type=int, default=20000)
+            p.add_argument("--batch", type=int, default=1000)
+        else:
+            p.add_argument("--count", type=int, default=200)
+            p.add_argument("--cadence", type=float, default=0.02)
+    args = parser.parse_args()
+    if args.command == "enqueue":
+        result = asyncio.run(enqueue(args.url, args.redis, args.singles, args.items, args.batch))
+    else:
+        result = asyncio.run(wake(args.url, args.redis, args.count, args.cadence))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
