@@ -30,9 +30,10 @@ The peers run from `.bench/peers-venv` (`bench/requirements-peers.txt`) via `ben
 
 Knobs (environment): BENCH_RUNS (3), BENCH_ITEMS (20000), BENCH_SINGLES (1000), BENCH_BATCH
 (1000), BENCH_DRAIN_TIMEOUT (seconds, 120: a drain still running then is stopped and its
-partial rate reported, marked `*`), BENCH_BEST_CAPACITY (50; pool = capacity + 4, or + what the rendered settings reserve),
-BENCH_WAKE_COUNT (200), BENCH_PGBENCH_SECONDS (10), BENCH_ROWS (comma-separated row keys,
-all by default), DEMO_PG_URL (the admin URL), DEMO_REDIS_URL.
+partial rate reported, marked `*`), BENCH_BEST_CAPACITY (50; the pool is capacity + 4, or
++ what the rendered settings reserve when more), BENCH_WAKE_COUNT (200),
+BENCH_PGBENCH_SECONDS (10), BENCH_ROWS (comma-separated row keys, all by default),
+DEMO_PG_URL (the admin URL), DEMO_REDIS_URL.
 """
 
 from __future__ import annotations
