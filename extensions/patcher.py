@@ -80,7 +80,7 @@ INSTALL_HINT = (
 # settings.py, so the two cannot drift.
 WORKER_SETTINGS: tuple[tuple[str, str], ...] = (
     ("lane", "{lane}"),
-    ("capacity", "4"),
+    ("capacity", "10"),
     ("lease", "30"),
     ("heartbeat_interval", "5"),
     ("heartbeat_failure_limit", "3"),
@@ -92,7 +92,7 @@ WORKER_SETTINGS: tuple[tuple[str, str], ...] = (
     ("metrics_port", "{metrics_port}"),
     ("drain_deadline", "20"),
     ("poll_interval", "2"),
-    ("database_pool_size", "10"),
+    ("database_pool_size", "15"),
     ("release", "dev"),
 )
 # Fields that are not the worker's own variables: `infra` is the shared `<ROOT>_` block.
