@@ -92,6 +92,7 @@ WORKER_SETTINGS: tuple[tuple[str, str], ...] = (
     ("metrics_port", "{metrics_port}"),
     ("drain_deadline", "20"),
     ("poll_interval", "2"),
+    ("database_wake_ups", "true"),
     ("database_pool_size", "15"),
     ("release", "dev"),
 )
