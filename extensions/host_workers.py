@@ -40,9 +40,9 @@ from pathlib import Path
 ANSWERS = ".copier-answers.yml"
 CONFLICT_MARKERS = ("<<<<<<< before updating", ">>>>>>> after updating")
 UNMERGED = {"DD", "AU", "UD", "UA", "DU", "AA", "UU"}
-TAG = re.compile(r"^v?(\d+(?:\.\d+)+)$")  # at least MAJOR.MINOR: `1772851` is a short hash
-DESCRIBED = re.compile(r"^(?P<tag>.+)-(?P<count>\d+)-g(?P<hash>[0-9a-f]+)$")
-WORKER_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+TAG = re.compile(r"v?(\d+(?:\.\d+)+)")  # at least MAJOR.MINOR: `1772851` is a short hash
+DESCRIBED = re.compile(r"(?P<tag>.+)-(?P<count>\d+)-g(?P<hash>[0-9a-f]+)")
+WORKER_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 
 OK, REFUSED, CONFLICTS, STOPPED = 0, 1, 2, 3
 
@@ -158,7 +158,7 @@ def conflicts(root: Path) -> list[str]:
 
 def version(tag: str) -> tuple[int, ...] | None:
     """`v1.2.3` / `1.2.3` as a tuple; None for a ref that is not a release tag."""
-    match = TAG.match(tag)
+    match = TAG.fullmatch(tag)
     return tuple(int(p) for p in match.group(1).split(".")) if match else None
 
 
@@ -207,7 +207,7 @@ def target_ref(recorded: str, refs: dict[str, str]) -> str:
     exact = version(recorded)
     if exact is not None:
         return newest if newest_version >= exact else "HEAD"
-    described = DESCRIBED.match(recorded)
+    described = DESCRIBED.fullmatch(recorded)
     if described and (base := version(described.group("tag"))) is not None:
         return newest if newest_version > base else "HEAD"
     return newest  # a bare hash: copier reads it as 0.0.0.postN, any release is newer
@@ -218,7 +218,7 @@ def is_behind(recorded: str, target: str, refs: dict[str, str]) -> bool:
     if target != "HEAD":
         return target != recorded
     head = refs.get("HEAD", "")
-    described = DESCRIBED.match(recorded)
+    described = DESCRIBED.fullmatch(recorded)
     short = described.group("hash") if described else recorded
     if version(recorded) is not None:
         tagged = refs.get(f"refs/tags/{recorded}", "")
@@ -616,7 +616,7 @@ def rename(root: Path, old: str, new: str) -> int:
        the new `.env.example` block keeps the old block's metrics port.
     """
     path = answers_file(root, old)
-    if not WORKER_NAME.match(new):
+    if not WORKER_NAME.fullmatch(new):
         raise RefusedError(f"worker_name {new!r} must be kebab-case (e.g. shipment-notifier)")
     if (root / "workers" / new).exists():
         raise RefusedError(f"workers/{new} already exists; choose another name")
