@@ -85,8 +85,8 @@ remove-worker:  ## NAME=<worker>: its files, kind and fragments removed
 rename-worker:  ## NAME=<worker> TO=<new-name>
 \t@$(WORKERS_PY) rename "$(NAME)" "$(TO)"; $(WORKERS_EXIT)
 
-restore-worker-file:  ## NAME=<worker> FILE=<path>: a deleted worker file rendered again
-\t@$(WORKERS_PY) restore "$(NAME)" "$(FILE)"; $(WORKERS_EXIT)
+restore-worker-file:  ## NAME=<worker> FILE=<path> [FORCE=1]: a deleted worker file rendered again
+\t@$(WORKERS_PY) restore "$(NAME)" "$(FILE)" $(if $(filter 1 yes true,$(FORCE)),--force); $(WORKERS_EXIT)
 {MAKE_END}
 """
 
