@@ -376,6 +376,23 @@ def required(context: dict[str, Any], question: str) -> str:
     return ""
 
 
+_PREFLIGHT_PASSED: set[str] = set()
+FIXED = ("host_root", "namespace_absent", "migration_stamp", "metrics_port", "queue_down_revision")
+
+
+def _recorded_answers(path: Path) -> dict[str, Any] | None:
+    """The answers file of the worker being updated; None on a copy (no such file yet)."""
+    import yaml
+
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def given_answer_problems(context: dict[str, Any], dst: Path) -> list[str]:
     """The rules the answers given with `-d`/`--data-file` break, on every operation.
 
@@ -395,10 +412,25 @@ def given_answer_problems(context: dict[str, Any], dst: Path) -> list[str]:
     stamp = given.get("migration_stamp")
     if stamp is not None and not STAMP.fullmatch(str(stamp)):
         problems.append(f"migration_stamp {stamp!r} must be a UTC stamp YYYYMMDDHHMMSS")
-    if problems or not any(key in given for key in placeholders):
-        return problems
     facts = hostfacts.discover_host(dst)
     if not facts.is_host:
+        return problems  # the helper's scratch renders (restore) give every recorded answer
+    recorded = _recorded_answers(dst / str(_conf(context, "answers_file") or ""))
+    for key in FIXED:
+        if key in given and recorded is not None and str(given[key]) != str(recorded.get(key)):
+            problems.append(
+                f"{key} is fixed at the first copy ({recorded.get(key)!r} in "
+                f"{_conf(context, 'answers_file')}), not answered: drop -d {key}={given[key]}"
+            )
+    # copier asks in turn; lane has a default, so the check need not wait for it
+    answered = context.get("worker_name") and context.get("work_kind")
+    if recorded is None and "host_root" in given and "namespace_absent" in given and answered:
+        key = repr((str(dst), sorted(given.items()), context.get("maintenance")))
+        if key not in _PREFLIGHT_PASSED:  # the hook runs on every render: once is enough
+            lane = context.get("lane") or given.get("lane") or "default"
+            preflight({**context, "lane": lane})  # both defaults that run it are given
+            _PREFLIGHT_PASSED.add(key)
+    if problems or not any(key in given for key in placeholders):
         return problems
     current = {key: str(given.get(key) or context.get(key) or "") for key in placeholders}
     limits = naming.limit_problems(

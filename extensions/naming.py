@@ -112,12 +112,14 @@ def boolean_problems(given: dict[str, object], questions: tuple[str, ...]) -> li
 # the host's indentation), for the host's own `ruff check`/`ruff format --check` to pass:
 # `from <root>.workers.<module>.settings import ENV_PREFIX, INFRA_PREFIX` (the worker's
 # tests/test_main.py), `payload = <KindClass>Payload.model_validate_json(args.payload)` (its
-# main.py), `<KIND> = "<KIND>"` (the `WorkKind` member) and `WorkKind.<KIND>:
+# main.py), the first docstring line of om/tests/unit/test_enqueue_<kind>.py, `<KIND> =
+# "<KIND>"` (the `WorkKind` member) and `WorkKind.<KIND>:
 # KindPolicy(lane="<lane>"),` (its policy entry). tests/test_refusals.py renders at and one
 # past each limit and runs the host's ruff and mypy.
 WORKER_MODULE_LINE = len("from .workers..settings import ENV_PREFIX, INFRA_PREFIX")
 KIND_CLASS_LINE = len("        payload = Payload.model_validate_json(args.payload)")
 KIND_MEMBER_LINE = len('     = ""')
+KIND_TEXT_LINE = len('"""The typed enqueue helpers of `` over the memory storage.')
 LANE_POLICY_LINE = len('    WorkKind.: KindPolicy(lane=""),')
 OUTBOX_KIND_PREFIX = len("work.")
 
@@ -153,12 +155,17 @@ def limit_problems(
                 f"may have at most {most} characters before `Payload` to fit the host's line "
                 f"length {line_length}"
             )
-        most = (line_length - KIND_MEMBER_LINE) // 2
+        member, text = (line_length - KIND_MEMBER_LINE) // 2, line_length - KIND_TEXT_LINE
+        most = min(member, text)
         if len(work_kind) > most:
+            where = (
+                f'`{work_kind} = "{work_kind}"` in WorkKind'
+                if member < text
+                else "the docstring of its enqueue test names it"
+            )
             problems.append(
                 f"work_kind {work_kind!r} is {len(work_kind)} characters, at most {most} fit "
-                f'the host\'s line length {line_length} (`{work_kind} = "{work_kind}"` in '
-                "WorkKind)"
+                f"the host's line length {line_length} ({where})"
             )
         if outbox_kind_size is not None:
             most = outbox_kind_size - OUTBOX_KIND_PREFIX

@@ -257,7 +257,7 @@ AT_LIMIT = {  # the longest answers the reference host takes, all in one worker
     "work_kind": "K" * (LIMIT - naming.KIND_CLASS_LINE),
     "lane": "l" * (LIMIT - naming.LANE_POLICY_LINE - (LIMIT - naming.KIND_CLASS_LINE)),
 }
-UNDERSCORED_KIND = "_".join(["K"] * 23)  # 45 characters: `K_K_... = "K_K_..."` is 100
+UNDERSCORED_KIND = "_".join(["K"] * 21)  # 41 characters (its class is 21)
 
 
 @pytest.mark.parametrize(
@@ -268,7 +268,7 @@ UNDERSCORED_KIND = "_".join(["K"] * 23)  # 45 characters: `K_K_... = "K_K_..."` 
             "is 42 characters, at most 41 fit the host's line length 100",
         ),
         ({"work_kind": AT_LIMIT["work_kind"] + "K"}, "may have at most 41 characters"),
-        ({"work_kind": UNDERSCORED_KIND + "_K"}, "is 47 characters, at most 45 fit"),
+        ({"work_kind": UNDERSCORED_KIND + "_K"}, "is 43 characters, at most 41 fit"),
         (
             {"work_kind": AT_LIMIT["work_kind"], "lane": AT_LIMIT["lane"] + "l"},
             "is 25 characters, at most 24 fit beside the kind",
@@ -387,6 +387,25 @@ def test_an_answer_given_on_update_is_checked_as_on_copy(
         unsafe=True, defaults=True, overwrite=True, quiet=True,
     )  # fmt: skip
     assert yaml.safe_load((host / ANSWERS).read_text())["lane"] == "bulk"
+
+
+def test_fixed_answers_given_on_copy_or_update_cannot_skip_the_checks(
+    make_host: Callable[..., Path], render: Callable[..., Any]
+) -> None:
+    host = make_host(REFERENCE_HOST)
+    message = refused(render, host, worker_name="api", host_root="acme", namespace_absent=True)
+    assert "worker_name 'api' collides with what the host has" in message
+    render(host)
+    commit_all(host, "shipment-notifier")
+    done = cli(
+        host, "update", "--trust", "--defaults", "-a", ANSWERS, "--vcs-ref", ":current:",
+        "-d", "namespace_absent=false",
+    )  # fmt: skip
+    assert one_line(done) == (
+        f"namespace_absent is fixed at the first copy (True in {ANSWERS}), not answered: "
+        "drop -d namespace_absent=false"
+    )
+    assert tree_state(host) == ""
 
 
 # --- 6. one line, and the helper's codes through make -------------------------------------------
