@@ -90,8 +90,12 @@ def preflight(context: dict[str, Any]) -> str:
     format or gives a Python keyword, a destination that is not a host root (naming what
     is missing) or is a worker folder (naming the command to run instead), a worker that
     already exists (naming the `copier update` command), a worker name whose image or
-    distribution the host already has, a kind another worker holds, and
-    a host file missing a structure a fragment needs (extensions/patcher.py `check_host`).
+    distribution the host already has, a kind another worker holds, a name another kind or
+    worker already derives (`derived_collisions`), an answer past a length limit of the
+    host (naming.py `limit_problems`), a host file missing a structure a fragment needs
+    (extensions/patcher.py `check_host`), a path the copy writes through a symlink that
+    leaves the host, and a destination that is not a git work tree or whose files the copy
+    writes or patches have uncommitted changes (the copy is all or nothing).
     """
     dst = destination(context)
     recorded = context.get("host_root") or (_conf(context, "data") or {}).get("host_root")
