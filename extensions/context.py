@@ -90,8 +90,12 @@ def preflight(context: dict[str, Any]) -> str:
     format or gives a Python keyword, a destination that is not a host root (naming what
     is missing) or is a worker folder (naming the command to run instead), a worker that
     already exists (naming the `copier update` command), a worker name whose image or
-    distribution the host already has, a kind another worker holds, and
-    a host file missing a structure a fragment needs (extensions/patcher.py `check_host`).
+    distribution the host already has, a kind another worker holds, a name another kind or
+    worker already derives (`derived_collisions`), an answer past a length limit of the
+    host (naming.py `limit_problems`), a host file missing a structure a fragment needs
+    (extensions/patcher.py `check_host`), a path the copy writes through a symlink that
+    leaves the host, and a destination that is not a git work tree or whose files the copy
+    writes or patches have uncommitted changes (the copy is all or nothing).
     """
     dst = destination(context)
     recorded = context.get("host_root") or (_conf(context, "data") or {}).get("host_root")
@@ -154,6 +158,19 @@ def preflight(context: dict[str, Any]) -> str:
             f"work_kind {kind!r} is already taken ({holder}); each kind has exactly one worker, "
             "choose another kind"
         )
+    clashes = derived_collisions(dst, facts, worker, kind)
+    if clashes:
+        raise UserMessageError("; ".join(clashes))
+    limits = naming.limit_problems(
+        worker_name=worker,
+        work_kind=kind,
+        lane=lane,
+        line_length=patcher.line_length(dst),
+        host_root=facts.root,
+        outbox_kind_size=hostfacts.outbox_kind_size(dst),
+    )
+    if limits:
+        raise UserMessageError("; ".join(limits))
     spec = patcher.Spec(
         worker_name=worker,
         work_kind=kind,
@@ -167,10 +184,110 @@ def preflight(context: dict[str, Any]) -> str:
         raise UserMessageError(
             "the host lacks what the worker's fragments need: " + "; ".join(missing)
         )
+    answers = {
+        "worker_name": worker,
+        "work_kind": kind,
+        "lane": lane,
+        "maintenance": context.get("maintenance"),
+        "container": bool(context.get("container")),
+        "host_root": facts.root,
+        "namespace_absent": facts.namespace_absent,
+        "migration_stamp": str((_conf(context, "data") or {}).get("migration_stamp") or "0" * 14),
+    }
+    paths = patcher.touched_paths(dst, answers)
+    for problem in (symlink_problems(dst, paths), worktree_problems(dst, paths)):
+        if problem:
+            raise UserMessageError(problem)
     return facts.root
 
 
-STAMP = re.compile(r"^\d{14}$")
+def symlink_problems(dst: Path, paths: list[str]) -> str:
+    """'' when no path the copy writes or patches goes through a symlink that leaves `dst`;
+    else one sentence naming the first (copier would stop part way with ForbiddenPathError)."""
+    top = dst.resolve()
+    seen: set[Path] = set()
+    for rel in paths:
+        current = dst
+        for part in Path(rel).parts:
+            current = current / part
+            if current in seen:
+                continue
+            seen.add(current)
+            if not current.is_symlink():
+                if not current.exists():
+                    break
+                continue
+            target = current.resolve()
+            if target != top and top not in target.parents:
+                return (
+                    f"{current.relative_to(dst)} is a symlink to {target}, outside the host: "
+                    f"the copy writes {rel} through it and copier refuses that part way; "
+                    "replace the symlink with the folder or file itself, commit, then copy again"
+                )
+    return ""
+
+
+def worktree_problems(dst: Path, paths: list[str]) -> str:
+    """'' when `dst` is a git work tree in which every path the copy writes or patches is
+    committed (a failed copy can then be put back, and the result reviewed as one diff);
+    else one sentence naming the fix. Other uncommitted files neither block nor get touched."""
+    import subprocess
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=dst, capture_output=True, text=True, check=False)
+
+    inside = git("rev-parse", "--is-inside-work-tree")
+    if inside.returncode != 0 or inside.stdout.strip() != "true":
+        return (
+            f"{dst} is not a git work tree: a copy must be reviewable and undoable; run "
+            "`git init && git add -A && git commit -m 'Before the worker template'` first"
+        )
+    status = git("status", "--porcelain", "--untracked-files=all", "--no-renames", "--", *paths)
+    dirty = [line[3:] for line in status.stdout.splitlines() if line.strip()]
+    if not dirty:
+        return ""
+    listed = ", ".join(dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
+    return (
+        f"the copy would write or patch files with uncommitted changes ({listed}); "
+        "commit or stash them first (`git stash -u`), then copy again"
+    )
+
+
+def derived_collisions(dst: Path, facts: Any, worker: str, kind: str) -> list[str]:
+    """The names derived from `worker`/`kind` that another kind or worker of the host
+    already derives: the kind's class (`SEND_V2` and `SEND_V_2` both give `SendV2`), its
+    payload module, an existing payload file, and the worker's settings variables."""
+    problems: list[str] = []
+    names = naming.derive_names(worker_name=worker, work_kind=kind)
+    for other, holder in sorted(facts.kinds.items()):
+        if other == kind:
+            continue
+        theirs = naming.derive_names(worker_name="x", work_kind=other)
+        for key, what in (("kind_class", "the class"), ("kind_snake", "the payload module")):
+            if theirs[key] == names[key]:
+                problems.append(
+                    f"work_kind {kind!r} derives {what} {names[key]!r}, as {other!r} ({holder}) "
+                    "does; choose another kind"
+                )
+                break
+    payload = Path("om/src") / facts.root / "om/work/types/payloads" / f"{names['kind_snake']}.py"
+    if not problems and (dst / payload).exists():
+        problems.append(
+            f"work_kind {kind!r}: {payload} already exists and would be kept as it is "
+            "(a file the user owns); choose another kind or remove that file"
+        )
+    mine = naming.setting_variables(worker, patcher.WORKER_SETTINGS)
+    for other in sorted(facts.workers):
+        shared = mine & naming.setting_variables(other, patcher.WORKER_SETTINGS)
+        if shared:
+            problems.append(
+                f"worker_name {worker!r} reads the settings variable {min(shared)} that "
+                f"the worker {other!r} reads too; choose another worker_name"
+            )
+    return problems
+
+
+STAMP = re.compile(r"\d{14}")
 
 
 def fixed_answer_problems(given: dict[str, Any], facts: Any) -> list[str]:
@@ -243,5 +360,89 @@ class ContextUpdater(ContextHook):
                 f"worker's answers file. Run instead: cd {host} && copier update --trust "
                 f"--defaults -a {dst.relative_to(host)}/{hostfacts.ANSWERS_NAME}"
             )
+        if not is_replay_folder(dst):
+            problems = given_answer_problems(context, dst)
+            if problems:
+                raise UserMessageError("; ".join(problems))
         context["_host"] = hostfacts.discover_host(dst)
         context["_preflight"] = lambda: preflight(context)
+        context["_required"] = lambda question: required(context, question)
+
+
+def required(context: dict[str, Any], question: str) -> str:
+    """The default of a question without one: '' when copier prompts (the prompt then asks),
+    a one-line refusal with `--defaults` (copier would raise `Question ... is required`)."""
+    if _conf(context, "defaults"):
+        example = {"worker_name": "shipment-notifier", "work_kind": "NOTIFY_SHIPMENT"}
+        raise UserMessageError(
+            f"{question} is required: add -d {question}={example.get(question, '<value>')}"
+        )
+    return ""
+
+
+_PREFLIGHT_PASSED: set[str] = set()
+FIXED = ("host_root", "namespace_absent", "migration_stamp", "metrics_port", "queue_down_revision")
+
+
+def _recorded_answers(path: Path) -> dict[str, Any] | None:
+    """The answers file of the worker being updated; None on a copy (no such file yet)."""
+    import yaml
+
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def given_answer_problems(context: dict[str, Any], dst: Path) -> list[str]:
+    """The rules the answers given with `-d`/`--data-file` break, on every operation.
+
+    The preflight checks a copy's answers; `copier update -d lane=...` never reaches it
+    (its `host_root` is recorded), so the hook checks every given answer on each render of
+    the real destination: the format, the keywords and, in a host, the length limits.
+    """
+    given = dict(_conf(context, "data") or {})
+    placeholders = {"worker_name": "worker", "work_kind": "WORK", "lane": "default"}
+    values = {key: str(given.get(key, default)) for key, default in placeholders.items()}
+    problems: list[str] = [
+        problem
+        for problem in naming.answer_problems(**values)
+        if any(problem.startswith(f"{key} ") for key in given)
+    ]
+    problems += naming.boolean_problems(given, ("maintenance", "container"))
+    stamp = given.get("migration_stamp")
+    if stamp is not None and not STAMP.fullmatch(str(stamp)):
+        problems.append(f"migration_stamp {stamp!r} must be a UTC stamp YYYYMMDDHHMMSS")
+    facts = hostfacts.discover_host(dst)
+    if not facts.is_host:
+        return problems  # the helper's scratch renders (restore) give every recorded answer
+    recorded = _recorded_answers(dst / str(_conf(context, "answers_file") or ""))
+    for key in FIXED:
+        if key in given and recorded is not None and str(given[key]) != str(recorded.get(key)):
+            problems.append(
+                f"{key} is fixed at the first copy ({recorded.get(key)!r} in "
+                f"{_conf(context, 'answers_file')}), not answered: drop -d {key}={given[key]}"
+            )
+    # copier asks in turn; lane has a default, so the check need not wait for it
+    answered = context.get("worker_name") and context.get("work_kind")
+    if recorded is None and "host_root" in given and "namespace_absent" in given and answered:
+        key = repr((str(dst), sorted(given.items()), context.get("maintenance")))
+        if key not in _PREFLIGHT_PASSED:  # the hook runs on every render: once is enough
+            lane = context.get("lane") or given.get("lane") or "default"
+            preflight({**context, "lane": lane})  # both defaults that run it are given
+            _PREFLIGHT_PASSED.add(key)
+    if problems or not any(key in given for key in placeholders):
+        return problems
+    current = {key: str(given.get(key) or context.get(key) or "") for key in placeholders}
+    limits = naming.limit_problems(
+        worker_name=current["worker_name"],
+        work_kind=current["work_kind"],
+        lane=current["lane"] or "default",
+        line_length=patcher.line_length(dst),
+        host_root=facts.root,
+        outbox_kind_size=hostfacts.outbox_kind_size(dst),
+    )
+    return [p for p in limits if any(p.startswith(f"{key} ") for key in given)]

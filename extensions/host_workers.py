@@ -9,7 +9,7 @@ Run from anywhere inside the host repository (the Makefile targets call it):
     python3 scripts/workers.py check-update                workers behind the template
     python3 scripts/workers.py remove <name>               fragments reversed, files removed
     python3 scripts/workers.py rename <old> <new>          files, answers and fragments moved
-    python3 scripts/workers.py restore <name> <path>       a deleted worker file rendered again
+    python3 scripts/workers.py restore <name> <path> [--force]  a deleted worker file rendered again
 
 `update` runs `copier update` from the host root with the worker's answers file
 (`workers/<name>/.copier-answers.yml`; copier cannot find it otherwise) and the right
@@ -40,9 +40,9 @@ from pathlib import Path
 ANSWERS = ".copier-answers.yml"
 CONFLICT_MARKERS = ("<<<<<<< before updating", ">>>>>>> after updating")
 UNMERGED = {"DD", "AU", "UD", "UA", "DU", "AA", "UU"}
-TAG = re.compile(r"^v?(\d+(?:\.\d+)+)$")  # at least MAJOR.MINOR: `1772851` is a short hash
-DESCRIBED = re.compile(r"^(?P<tag>.+)-(?P<count>\d+)-g(?P<hash>[0-9a-f]+)$")
-WORKER_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+TAG = re.compile(r"v?(\d+(?:\.\d+)+)")  # at least MAJOR.MINOR: `1772851` is a short hash
+DESCRIBED = re.compile(r"(?P<tag>.+)-(?P<count>\d+)-g(?P<hash>[0-9a-f]+)")
+WORKER_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 
 OK, REFUSED, CONFLICTS, STOPPED = 0, 1, 2, 3
 
@@ -158,7 +158,7 @@ def conflicts(root: Path) -> list[str]:
 
 def version(tag: str) -> tuple[int, ...] | None:
     """`v1.2.3` / `1.2.3` as a tuple; None for a ref that is not a release tag."""
-    match = TAG.match(tag)
+    match = TAG.fullmatch(tag)
     return tuple(int(p) for p in match.group(1).split(".")) if match else None
 
 
@@ -207,7 +207,7 @@ def target_ref(recorded: str, refs: dict[str, str]) -> str:
     exact = version(recorded)
     if exact is not None:
         return newest if newest_version >= exact else "HEAD"
-    described = DESCRIBED.match(recorded)
+    described = DESCRIBED.fullmatch(recorded)
     if described and (base := version(described.group("tag"))) is not None:
         return newest if newest_version > base else "HEAD"
     return newest  # a bare hash: copier reads it as 0.0.0.postN, any release is newer
@@ -218,7 +218,7 @@ def is_behind(recorded: str, target: str, refs: dict[str, str]) -> bool:
     if target != "HEAD":
         return target != recorded
     head = refs.get("HEAD", "")
-    described = DESCRIBED.match(recorded)
+    described = DESCRIBED.fullmatch(recorded)
     short = described.group("hash") if described else recorded
     if version(recorded) is not None:
         tagged = refs.get(f"refs/tags/{recorded}", "")
@@ -616,7 +616,7 @@ def rename(root: Path, old: str, new: str) -> int:
        the new `.env.example` block keeps the old block's metrics port.
     """
     path = answers_file(root, old)
-    if not WORKER_NAME.match(new):
+    if not WORKER_NAME.fullmatch(new):
         raise RefusedError(f"worker_name {new!r} must be kebab-case (e.g. shipment-notifier)")
     if (root / "workers" / new).exists():
         raise RefusedError(f"workers/{new} already exists; choose another name")
@@ -692,13 +692,40 @@ def rename(root: Path, old: str, new: str) -> int:
 # --- restore --------------------------------------------------------------------------------
 
 
-def restore(root: Path, name: str, file: str) -> int:
+# The files the user owns once generated (copier.yml `_skip_if_exists`): never overwritten.
+USER_OWNED = (
+    "workers/*/src/*/workers/*/handler.py",
+    "workers/*/tests/test_handler.py",
+    "om/src/*/om/work/types/payloads/*.py",
+)
+
+
+def restore(root: Path, name: str, file: str, force: bool = False) -> int:
     """Render the worker at its recorded template version and write back one file.
 
     Copier never recreates a file the user deleted (unless it is in `_skip_if_exists`); this
     brings back the exact rendering of the recorded `_commit`, so later updates merge it.
+    A path that exists is refused (`force` overwrites it, its edits lost), and a file the
+    user owns (`USER_OWNED`) is never overwritten: copier recreates those itself.
     """
     path = answers_file(root, name)
+    target = (root / file).resolve()  # a path from the host root, or an absolute one
+    try:
+        file = str(target.relative_to(root.resolve()))
+    except ValueError:
+        raise RefusedError(f"{file} is outside the host {root}") from None
+    owned = any(Path(file).match(pattern) for pattern in USER_OWNED)
+    if target.exists() and owned:
+        raise RefusedError(
+            f"{file} is yours (the template never overwrites it); to start it over, delete it "
+            "and run `copier update` or this command again"
+        )
+    if target.exists() and not force:
+        edited = bool(git(root, "status", "--porcelain", "--", file, check=False).strip())
+        raise RefusedError(
+            f"{file} exists{' and has uncommitted changes' if edited else ''}; restore brings "
+            "back a deleted file: delete it first, or pass --force to overwrite it"
+        )
     answers = read_answers(path)
     data = {k: v for k, v in answers.items() if not k.startswith("_")}
     with tempfile.TemporaryDirectory(prefix="worker-template.restore.") as tmp:
@@ -728,7 +755,6 @@ def restore(root: Path, name: str, file: str) -> int:
         source = out / file
         if not source.is_file():
             raise RefusedError(f"the template does not render {file} for {name}")
-        target = root / file
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target)
     print(f"==> restored {file} as the template rendered it at {answers['_commit']}")
@@ -763,6 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("restore", help="render a deleted worker file again")
     p.add_argument("name")
     p.add_argument("file", help="path from the host root, e.g. workers/x/README.md")
+    p.add_argument("--force", action="store_true", help="overwrite the file when it exists")
     args = parser.parse_args(argv)
     try:
         root = host_root()
@@ -776,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
             return remove(root, args.name)
         if args.command == "rename":
             return rename(root, args.old, args.new)
-        return restore(root, args.name, args.file)
+        return restore(root, args.name, args.file, args.force)
     except RefusedError as exc:
         print(f"workers.py: {exc}", file=sys.stderr)
         return REFUSED

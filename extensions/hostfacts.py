@@ -169,6 +169,23 @@ def name_collisions(path: Path, root: str, worker: str) -> list[str]:
     return found
 
 
+_OUTBOX_KIND = re.compile(r"\bkind\s+(?:TYPE\s+)?varchar\s*\(\s*(\d+)\s*\)", re.IGNORECASE)
+
+
+def outbox_kind_size(path: Path) -> int | None:
+    """The size of the host's `outbox.kind` column (`varchar(N)`) from its SQL migrations,
+    the last one that sets it winning; None when no migration sizes it (an unbounded text)."""
+    size: int | None = None
+    for sql in sorted(path.glob("om/migrations/sql/*/*outbox*.up.sql"), key=lambda p: p.name):
+        try:
+            text = sql.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        for match in _OUTBOX_KIND.finditer(text):
+            size = int(match.group(1))
+    return size
+
+
 def recorded_workers(path: Path) -> dict[str, dict[str, object]]:
     """`workers/<name>/.copier-answers.yml` of every worker, parsed ({} for unreadable)."""
     found: dict[str, dict[str, object]] = {}

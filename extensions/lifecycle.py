@@ -64,26 +64,29 @@ REPLAY_PREFIX = "copier._main."
 
 MAKE_BLOCK = f"""{MAKE_START} (written by the worker template; `copier update` replaces this block)
 # Workers made by the worker template: docs/updating.md in the template explains each target.
+# make exits 2 on any failure; the last line names the helper's own code (docs/updating.md).
 WORKERS_PY ?= python3 scripts/workers.py
+WORKERS_EXIT = code=$$?; [ $$code -eq 0 ] || echo "scripts/workers.py exited $$code \
+(1 refused, 2 conflicts left to resolve, 3 stopped after a worker's update)" >&2; exit $$code
 .PHONY: {" ".join(MAKE_TARGETS)}
 
 update-worker:  ## copier update of one worker: NAME=<worker> [REF=<template ref>]
-\t@$(WORKERS_PY) update "$(NAME)" $(if $(REF),--ref "$(REF)")
+\t@$(WORKERS_PY) update "$(NAME)" $(if $(REF),--ref "$(REF)"); $(WORKERS_EXIT)
 
 update-workers:  ## every worker, one at a time; COMMIT=1 commits each worker's update
-\t@$(WORKERS_PY) update-all $(if $(filter 1 yes true,$(COMMIT)),--commit)
+\t@$(WORKERS_PY) update-all $(if $(filter 1 yes true,$(COMMIT)),--commit); $(WORKERS_EXIT)
 
 check-update:  ## list the workers behind the template (STRICT=1 fails when any is)
-\t@$(WORKERS_PY) check-update
+\t@$(WORKERS_PY) check-update; $(WORKERS_EXIT)
 
 remove-worker:  ## NAME=<worker>: its files, kind and fragments removed
-\t@$(WORKERS_PY) remove "$(NAME)"
+\t@$(WORKERS_PY) remove "$(NAME)"; $(WORKERS_EXIT)
 
 rename-worker:  ## NAME=<worker> TO=<new-name>
-\t@$(WORKERS_PY) rename "$(NAME)" "$(TO)"
+\t@$(WORKERS_PY) rename "$(NAME)" "$(TO)"; $(WORKERS_EXIT)
 
-restore-worker-file:  ## NAME=<worker> FILE=<path>: a deleted worker file rendered again
-\t@$(WORKERS_PY) restore "$(NAME)" "$(FILE)"
+restore-worker-file:  ## NAME=<worker> FILE=<path> [FORCE=1]: a deleted worker file rendered again
+\t@$(WORKERS_PY) restore "$(NAME)" "$(FILE)" $(if $(filter 1 yes true,$(FORCE)),--force); $(WORKERS_EXIT)
 {MAKE_END}
 """
 

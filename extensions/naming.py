@@ -9,9 +9,9 @@ from __future__ import annotations
 import keyword
 import re
 
-WORKER_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
-WORK_KIND = re.compile(r"^[A-Z][A-Z0-9]*(_[A-Z0-9]+)*$")
-LANE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
+WORKER_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+WORK_KIND = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*")
+LANE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
 
 # Hard and soft keywords: a module, package or class named after a hard one cannot be
 # imported or defined, and one named after a soft one reads as the keyword. The soft list
@@ -61,17 +61,17 @@ def answer_problems(*, worker_name: str, work_kind: str, lane: str) -> list[str]
     the kind's class (`NONE` would give `None`), and the lane.
     """
     problems: list[str] = []
-    if not WORKER_NAME.match(worker_name):
+    if not WORKER_NAME.fullmatch(worker_name):
         problems.append(
             f"worker_name {worker_name!r} must be kebab-case "
             "(lowercase letters and digits, words joined by '-', e.g. shipment-notifier)"
         )
-    if not WORK_KIND.match(work_kind):
+    if not WORK_KIND.fullmatch(work_kind):
         problems.append(
             f"work_kind {work_kind!r} must be UPPER_SNAKE "
             "(uppercase letters and digits, words joined by '_', e.g. NOTIFY_SHIPMENT)"
         )
-    if not LANE.match(lane):
+    if not LANE.fullmatch(lane):
         problems.append(
             f"lane {lane!r} must be snake_case "
             "(lowercase letters and digits, words joined by '_', e.g. default)"
@@ -106,3 +106,88 @@ def boolean_problems(given: dict[str, object], questions: tuple[str, ...]) -> li
         if isinstance(raw, str) and raw.strip().lower() not in BOOLEAN_WORDS:
             problems.append(f"{question} {raw!r} must be true or false (yes/no, on/off, 1/0)")
     return problems
+
+
+# The longest rendered line each derived name sits in, less the name itself (characters at
+# the host's indentation), for the host's own `ruff check`/`ruff format --check` to pass:
+# `from <root>.workers.<module>.settings import ENV_PREFIX, INFRA_PREFIX` (the worker's
+# tests/test_main.py), `payload = <KindClass>Payload.model_validate_json(args.payload)` (its
+# main.py), the first docstring line of om/tests/unit/test_enqueue_<kind>.py, `<KIND> =
+# "<KIND>"` (the `WorkKind` member) and `WorkKind.<KIND>:
+# KindPolicy(lane="<lane>"),` (its policy entry). tests/test_refusals.py renders at and one
+# past each limit and runs the host's ruff and mypy.
+WORKER_MODULE_LINE = len("from .workers..settings import ENV_PREFIX, INFRA_PREFIX")
+KIND_CLASS_LINE = len("        payload = Payload.model_validate_json(args.payload)")
+KIND_MEMBER_LINE = len('     = ""')
+KIND_TEXT_LINE = len('"""The typed enqueue helpers of `` over the memory storage.')
+LANE_POLICY_LINE = len('    WorkKind.: KindPolicy(lane=""),')
+OUTBOX_KIND_PREFIX = len("work.")
+
+
+def limit_problems(
+    *,
+    worker_name: str,
+    work_kind: str,
+    lane: str,
+    line_length: int,
+    host_root: str,
+    outbox_kind_size: int | None,
+) -> list[str]:
+    """The length limits each (well-formed) answer passes, one sentence per problem.
+
+    `line_length` is the host's ruff line length; `outbox_kind_size` the size of the host's
+    `outbox.kind` column (the relay's `work.<kind>` row kind), None when it has no limit.
+    """
+    problems: list[str] = []
+    names = derive_names(worker_name=worker_name, work_kind=work_kind)
+    most = line_length - WORKER_MODULE_LINE - len(host_root)
+    if worker_name and len(worker_name) > most:
+        problems.append(
+            f"worker_name {worker_name!r} is {len(worker_name)} characters, at most {most} fit "
+            f"the host's line length {line_length} (from {host_root}.workers.<module>.settings "
+            "import ...)"
+        )
+    if work_kind:
+        most = line_length - KIND_CLASS_LINE
+        if len(names["kind_class"]) > most:
+            problems.append(
+                f"work_kind {work_kind!r} gives the class {names['kind_class']}Payload: its name "
+                f"may have at most {most} characters before `Payload` to fit the host's line "
+                f"length {line_length}"
+            )
+        member, text = (line_length - KIND_MEMBER_LINE) // 2, line_length - KIND_TEXT_LINE
+        most = min(member, text)
+        if len(work_kind) > most:
+            where = (
+                f'`{work_kind} = "{work_kind}"` in WorkKind'
+                if member < text
+                else "the docstring of its enqueue test names it"
+            )
+            problems.append(
+                f"work_kind {work_kind!r} is {len(work_kind)} characters, at most {most} fit "
+                f"the host's line length {line_length} ({where})"
+            )
+        if outbox_kind_size is not None:
+            most = outbox_kind_size - OUTBOX_KIND_PREFIX
+            if len(work_kind) > most:
+                problems.append(
+                    f"work_kind {work_kind!r} is {len(work_kind)} characters, at most {most}: "
+                    f"the relay's row kind {names['work_kind_value']!r} must fit the host's "
+                    f"outbox.kind varchar({outbox_kind_size})"
+                )
+    if lane and lane != "default" and work_kind:
+        most = line_length - LANE_POLICY_LINE - len(work_kind)
+        if len(lane) > most:
+            problems.append(
+                f"lane {lane!r} is {len(lane)} characters, at most {most} fit beside the kind "
+                f"{work_kind!r} in the host's line length {line_length} "
+                "(`WorkKind.<KIND>: KindPolicy(lane=...)`)"
+            )
+    return problems
+
+
+def setting_variables(worker_name: str, fields: tuple[tuple[str, str], ...]) -> set[str]:
+    """The environment variables a worker's settings read (`<PREFIX><FIELD>`): worker `x`'s
+    `completed_retention` and worker `x-completed`'s `retention` are one variable."""
+    prefix = derive_names(worker_name=worker_name, work_kind="X")["worker_env_prefix"]
+    return {f"{prefix}{field.upper()}" for field, _ in fields}

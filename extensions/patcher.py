@@ -125,6 +125,7 @@ class Spec:
     container: bool = False
     storage_has_claim_many: bool = False
     metrics_port: int | None = None
+    line_length: int = 88  # the host's `[tool.ruff] line-length` (`line_length(host)`)
 
     @classmethod
     def from_answers(cls, answers: dict[str, Any]) -> Spec:
@@ -345,15 +346,23 @@ def create_kinds(spec: Spec) -> str:
     """The kinds module as the namespace's first worker leaves it (docs/dev/generated-layout.md)."""
     names = spec.names
     kind, payload = spec.work_kind, names["payload_class"]
+
+    def entry(value: str) -> str:
+        # as `_dict_add` writes an entry whose line would pass the host's line length
+        line = f"{pyedit.INDENT}WorkKind.{kind}: {value},"
+        if len(line) > spec.line_length:
+            value = f"(\n{pyedit.INDENT * 2}{value}\n{pyedit.INDENT})"
+        return f"{pyedit.INDENT}WorkKind.{kind}: {value},\n"
+
     return (
         f"{KINDS_HEADER}\n\nfrom enum import StrEnum\n\nfrom pydantic import BaseModel\n\n"
         f"from .payloads.{names['kind_snake']} import {payload}\n"
         "from .policy import KindPolicy\n\n\n"
         f'class WorkKind(StrEnum):\n    {kind} = "{kind}"\n\n\n'
         "WORK_PAYLOADS: dict[WorkKind, type[BaseModel]] = {\n"
-        f"    WorkKind.{kind}: {payload},\n}}\n"
+        f"{entry(payload)}}}\n"
         "WORK_POLICIES: dict[WorkKind, KindPolicy] = {\n"
-        f"    WorkKind.{kind}: {spec.policy},\n}}\n"
+        f"{entry(spec.policy)}}}\n"
     )
 
 
@@ -980,6 +989,7 @@ def check_host(host: Path, spec: Spec) -> list[str]:
     if MISSING_DEPS:
         return [f"copier's Python lacks the module {MISSING_DEPS!r}: {INSTALL_HINT}"]
     limit = line_length(host)
+    spec = dataclasses.replace(spec, line_length=limit)
     problems: list[str] = []
     for fragment in fragments(spec):
         try:
@@ -997,12 +1007,83 @@ def apply(host: Path, spec: Spec) -> list[str]:
     limit = line_length(host)
     storage = host / spec.om / "work" / "storage" / "__init__.py"
     has_many = storage.is_file() and "def claim_many(" in storage.read_text(encoding="utf-8")
-    spec = dataclasses.replace(spec, storage_has_claim_many=has_many)
+    spec = dataclasses.replace(spec, storage_has_claim_many=has_many, line_length=limit)
     changed: list[str] = []
     for fragment in fragments(spec):
         if fragment.apply(host, spec, limit):
             changed.append(fragment.path(spec))
     return sorted(set(changed))
+
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "template"
+
+
+def rendered_paths(answers: dict[str, Any]) -> list[str]:
+    """Every host path copier writes for these answers (the template's path names rendered).
+
+    `answers` holds the questions and the `ask: false` values (an answers file has them all).
+    Jinja is copier's own dependency; a path with an empty segment is not rendered.
+    """
+    import jinja2
+
+    names = naming.derive_names(
+        worker_name=str(answers.get("worker_name") or ""),
+        work_kind=str(answers.get("work_kind") or ""),
+    )
+    answers_file = f"workers/{answers.get('worker_name')}/{hostfacts.ANSWERS_NAME}"
+    context = {**answers, **names, "_copier_conf": {"answers_file": answers_file}}
+    env = jinja2.Environment(undefined=jinja2.ChainableUndefined)
+    found: set[str] = set()
+    for path in sorted(TEMPLATE_DIR.rglob("*")):
+        if path.is_dir() or "__pycache__" in path.parts:
+            continue
+        parts = [
+            env.from_string(part).render(context) for part in path.relative_to(TEMPLATE_DIR).parts
+        ]
+        parts[-1] = parts[-1].removesuffix(".jinja")
+        if any(not part for part in parts) or path.suffix in {".pyc", ".pyo"}:
+            continue
+        found.add("/".join(parts))
+    return sorted(found)
+
+
+def touched_paths(host: Path, answers: dict[str, Any]) -> list[str]:
+    """Every host path a copy with these answers writes (copier) or patches (fragments)."""
+    spec = Spec.from_answers(answers)
+    patched = {fragment.path(spec) for fragment in fragments(spec)} if not MISSING_DEPS else set()
+    return sorted(set(rendered_paths(answers)) | patched)
+
+
+def undo_copy(host: Path, paths: list[str]) -> list[str]:
+    """Put every path a failed copy wrote back as committed (the copy's preflight found them
+    all clean): tracked ones from `HEAD`, new ones deleted. Returns the paths put back."""
+    import subprocess
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=host, capture_output=True, text=True, check=False)
+
+    changed = [
+        line[3:]
+        for line in git(
+            "status", "--porcelain", "--untracked-files=all", "--no-renames", "--", *paths
+        ).stdout.splitlines()
+        if line.strip()
+    ]
+    tracked = set(git("ls-tree", "-r", "--name-only", "HEAD", "--", *changed).stdout.split("\n"))
+    restore = [p for p in changed if p in tracked]
+    if restore:
+        git("checkout", "HEAD", "--", *restore)
+    for rel in changed:
+        if rel in tracked:
+            continue
+        target = host / rel
+        if target.is_file() or target.is_symlink():
+            target.unlink()
+        parent = target.parent
+        while parent != host and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+    return changed
 
 
 def is_replay(folder: Path) -> bool:
@@ -1029,11 +1110,18 @@ def main(argv: list[str] | None = None) -> int:
     spec = Spec.from_answers(answers)
     try:
         changed = apply(host, spec)
-    except Missing as exc:
-        if args.operation == "update":
+    except Exception as exc:  # every failure of a copy is undone, whatever raised it
+        if args.operation == "update" and isinstance(exc, Missing):
             print(f"worker-template patcher: skipped, {exc}", file=sys.stderr)
             return 0
-        print(f"worker-template patcher: {exc}", file=sys.stderr)
+        if args.operation == "update":
+            raise
+        undone = undo_copy(host, touched_paths(host, answers))
+        print(
+            f"worker-template patcher: {exc}; the copy was undone "
+            f"({len(undone)} paths put back as committed)",
+            file=sys.stderr,
+        )
         return 1
     for path in changed:
         print(f"    patched  {path}")
