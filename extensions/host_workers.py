@@ -607,7 +607,7 @@ def rename(root: Path, old: str, new: str) -> int:
 
     1. `copier update --vcs-ref :current: -d worker_name=<new>` (same template version):
        copier moves every rendered file to its new path, re-applies the fragments for the
-       new name, and leaves the answers file behind (copier-facts §2).
+       new name, and leaves the answers file behind.
     2. Each file the update deleted whose content differed from the freshly rendered file
        at its new path (after the old names are replaced by the new) is kept in the user's
        version: the handler, its test, and any other edit survive; files the user added

@@ -1,5 +1,5 @@
 -- The work queue: one row per work item, held by at most one worker at a time under a
--- lease and a claim token (seed 000, Worker Roles: The Work Queue). Role QUEUE, scope ORG.
+-- lease and a claim token (Worker Roles: The Work Queue). Role QUEUE, scope ORG.
 -- The table is new, so no statement here waits on another session's lock; the timeouts
 -- only bound a migration that meets a surprise.
 --
