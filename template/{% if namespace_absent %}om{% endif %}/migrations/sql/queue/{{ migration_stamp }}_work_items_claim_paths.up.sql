@@ -1,8 +1,9 @@
 -- The queue's hot paths, shaped for a busy table (docs/performance.md, docs/operations.md):
 --
--- * the claim reads the due items of a lane oldest first: a partial index on exactly that
---   order, `(lane, available_at, id) WHERE status = 'AVAILABLE'`, lets `LIMIT k` stop
---   after k rows instead of sorting every due row, and holds no completed or failed row;
+-- * the claim reads the due items of one kind on a lane oldest first: a partial index on
+--   exactly that order, `(lane, kind, available_at, id) WHERE status = 'AVAILABLE'`, lets
+--   `LIMIT k` stop after k rows instead of sorting every due row (or reading past other
+--   kinds' rows on a shared lane), and holds no completed or failed row;
 -- * the sweep finds a tenant's claimed rows: `(org_id) WHERE status = 'CLAIMED'` indexes
 --   no time, so a lease renewal (it moves `lease_expires_at`, `updated_at`, `updated_by`)
 --   changes no indexed column and can be a HOT update, in the room `fillfactor` leaves;
@@ -18,7 +19,8 @@
 --   transaction; the queue holds its working set (completed rows are purged after their
 --   retention), so the build is short, and `lock_timeout` stops it rather than queueing
 --   behind a long writer. On a table of millions of rows, build the three indexes
---   CONCURRENTLY by hand first (same names); these statements then find them.
+--   CONCURRENTLY by hand first (same names and definitions): `IF NOT EXISTS` below then
+--   keeps them.
 -- prefer-robust-stmts: alembic runs the revision in one transaction, so a failure part
 --   way rolls the whole file back; `IF EXISTS` would only hide a schema that drifted.
 -- squawk-ignore-file require-concurrent-index-creation, prefer-robust-stmts
@@ -26,15 +28,15 @@ SET LOCAL lock_timeout = '5s';
 SET LOCAL statement_timeout = '600s';
 
 DROP INDEX ix_work_items_lane_status_available_at;
-CREATE INDEX ix_work_items_claimable
-    ON work_items (lane, available_at, id) WHERE status = 'AVAILABLE';
+CREATE INDEX IF NOT EXISTS ix_work_items_claimable
+    ON work_items (lane, kind, available_at, id) WHERE status = 'AVAILABLE';
 
 DROP INDEX ix_work_items_status_lease_expires_at;
-CREATE INDEX ix_work_items_claimed
+CREATE INDEX IF NOT EXISTS ix_work_items_claimed
     ON work_items (org_id) WHERE status = 'CLAIMED';
 
 DROP INDEX ix_work_items_org_id_status_completed_at;
-CREATE INDEX ix_work_items_completed
+CREATE INDEX IF NOT EXISTS ix_work_items_completed
     ON work_items (org_id, completed_at) WHERE status = 'COMPLETED';
 
 ALTER TABLE work_items SET (
