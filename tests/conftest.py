@@ -256,3 +256,19 @@ def uv_sync(host: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]
     if done.returncode != 0:
         done.stderr += "\n(the uv cache lacks a package: run `make setup` first)"
     return done
+
+
+def host_gate(host: Path, env: dict[str, str], *command: str, timeout: float = 1200) -> str:
+    """Run a host command offline (`make check`, `uv run ... pytest ...`) and return its
+    output; raises `AssertionError` with the output's tail when it fails."""
+    done = subprocess.run(
+        list(command),
+        cwd=host,
+        env={**env, "UV_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    return done.stdout

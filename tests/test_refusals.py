@@ -22,6 +22,7 @@ from conftest import (
     REFERENCE_HOST,
     VENV_BIN,
     commit_all,
+    host_gate,
     load_extension,
     tree_state,
     uv_sync,
@@ -348,16 +349,7 @@ def test_answers_at_every_limit_render_a_host_whose_gate_passes(
     commit_all(host, "the longest kind")
     synced = uv_sync(host, uv_env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
-    gate = subprocess.run(
-        ["make", "lint", "format-check", "typecheck", "arch-check"],
-        cwd=host,
-        env={**uv_env, "UV_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=1200,
-    )
-    assert gate.returncode == 0, gate.stdout[-6000:] + gate.stderr[-3000:]
+    host_gate(host, uv_env, "make", "lint", "format-check", "typecheck", "arch-check")
 
 
 # --- 5. answers given on update are checked as on copy -----------------------------------------

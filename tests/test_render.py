@@ -21,6 +21,7 @@ from conftest import (
     UPDATE_MARKER,
     VENV_BIN,
     commit_all,
+    host_gate,
     load_extension,
     tree_state,
     uv_sync,
@@ -294,26 +295,17 @@ def test_two_workers_rendered_in_turn_pass_the_host_gate(
     commit_all(host, "housekeeper")
     synced = uv_sync(host, uv_env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
-    gate = subprocess.run(
-        ["make", "check"],
-        cwd=host,
-        env={**uv_env, "UV_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=1200,
-    )
-    assert gate.returncode == 0, gate.stdout[-6000:] + gate.stderr[-3000:]
+    gate = host_gate(host, uv_env, "make", "check")
     for name in (
         "workers/shipment-notifier/tests",
         "workers/invoice-mailer/tests",
         "workers/housekeeper/tests",
     ):
-        assert name in gate.stdout, f"{name} did not run"
-    assert f"tests/{E2E_PARKED.name} ... " in gate.stdout, (
+        assert name in gate, f"{name} did not run"
+    assert f"tests/{E2E_PARKED.name} ... " in gate, (
         "the parked-records tests did not all pass"
     )
-    assert " failed" not in gate.stdout.splitlines()[-1]
+    assert " failed" not in gate.splitlines()[-1]
     commit_all(host, "uv.lock with both workers")
     for worker, kind in (
         ("shipment-notifier", "NOTIFY_SHIPMENT"),

@@ -37,6 +37,7 @@ from conftest import (
     copy_host,
     copy_template,
     git,
+    host_gate,
     load_extension,
     tree_state,
     uv_sync,
@@ -687,16 +688,7 @@ def test_updated_worker_passes_its_own_tests(host: Path, uv_env: dict[str, str])
     assert handler.read_text().endswith(local)
     synced = uv_sync(host, uv_env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
-    tests = subprocess.run(
-        ["uv", "run", "--all-packages", "pytest", "-q", f"workers/{A}/tests"],
-        cwd=host,
-        env={**uv_env, "UV_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-    )
-    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
+    host_gate(host, uv_env, "uv", "run", "--all-packages", "pytest", "-q", f"workers/{A}/tests")
 
 
 @pytest.mark.parametrize(
