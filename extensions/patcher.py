@@ -95,6 +95,7 @@ WORKER_SETTINGS: tuple[tuple[str, str], ...] = (
     ("database_wake_ups", "true"),
     ("database_pool_size", "15"),
     ("release", "dev"),
+    ("operator", ""),
 )
 # Fields that are not the worker's own variables: `infra` is the shared `<ROOT>_` block.
 SHARED_SETTINGS = frozenset({"infra"})

@@ -61,6 +61,7 @@ NAMESPACE_FILES = [
     "om/tests/contracts/work_storage.py",
     "om/tests/unit/test_work_storage.py",
     "om/tests/integration/test_work_storage_postgres.py",
+    "om/tests/integration/test_work_privileges_postgres.py",
     "om/tests/unit/test_work_manager.py",
     "om/tests/unit/test_outbox_relay_work.py",
     f"{WORK}/enqueuers/__init__.py",
