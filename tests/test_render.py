@@ -303,9 +303,7 @@ def test_two_workers_rendered_in_turn_pass_the_host_gate(
         "workers/housekeeper/tests",
     ):
         assert name in gate, f"{name} did not run"
-    assert f"tests/{E2E_PARKED.name} ... " in gate, (
-        "the parked-records tests did not all pass"
-    )
+    assert f"tests/{E2E_PARKED.name} ... " in gate, "the parked-records tests did not all pass"
     assert " failed" not in gate.splitlines()[-1]
     commit_all(host, "uv.lock with both workers")
     for worker, kind in (
