@@ -77,6 +77,9 @@ class Worker:
         return self.name.replace("-", "_").upper() + "_"
 
 
+CHAOS_RUN_S = 0.1
+"""How long `--chaos` lets the paused worker run before it kills it (s)."""
+
 FIRST = ("shipment-notifier", "NOTIFY_SHIPMENT")
 SECOND = ("invoice-mailer", "SEND_INVOICE")
 
@@ -364,6 +367,11 @@ def main() -> int:
             start_worker(host, env, worker)
         for worker in workers:
             wait_healthy(worker)
+        victim = workers[0]
+        if args.chaos and victim.proc is not None:
+            # The worker drains 200 items in well under a second now: pause it while the
+            # items are enqueued, let it run briefly, and kill it while it holds some.
+            os.killpg(victim.proc.pid, signal.SIGSTOP)
         started = time.monotonic()
         for worker in workers:
             step(f"enqueueing {args.count} {worker.kind} items from a second process")
@@ -388,7 +396,19 @@ def main() -> int:
                 cwd=host,
                 env=env,
             )
-        killed = False
+        if args.chaos and victim.proc is not None:
+            os.killpg(victim.proc.pid, signal.SIGCONT)
+            time.sleep(CHAOS_RUN_S)
+            claimed = asyncio.run(counts(backend))["claimed"]
+            step(
+                f"chaos: SIGKILL {victim.name} (pid {victim.proc.pid}) "
+                f"with {claimed} item(s) claimed"
+            )
+            os.killpg(victim.proc.pid, signal.SIGKILL)
+            victim.proc.wait()
+            start_worker(host, env, victim)
+            wait_healthy(victim)
+            step("a new worker is up; the sweep hands the lost items back after their lease")
         tty = sys.stdout.isatty()
         last_print = 0.0
         while True:
@@ -404,16 +424,6 @@ def main() -> int:
             elif time.monotonic() - last_print >= 1 or finished >= total:
                 print(f"  {line}", flush=True)
                 last_print = time.monotonic()
-            victim = workers[0]
-            if args.chaos and not killed and finished >= total // 3 and victim.proc is not None:
-                print()
-                step(f"chaos: SIGKILL {victim.name} (pid {victim.proc.pid}) with items in flight")
-                os.killpg(victim.proc.pid, signal.SIGKILL)
-                victim.proc.wait()
-                start_worker(host, env, victim)
-                wait_healthy(victim)
-                step("a new worker is up; the sweep hands the lost items back after their lease")
-                killed = True
             if finished >= total:
                 break
             if time.monotonic() - started > args.timeout:
