@@ -796,7 +796,7 @@ def check_targets(
             peer = min(among, key=lambda k: med[k][peer["lowest"]]) if among else None
         ours_key, metric, floor = target["ours"], target["metric"], target["ratio"]
         value = None
-        if peer and ours_key in present:
+        if peer and peer in present and ours_key in present:
             value = _ratio(med[ours_key][metric], med[peer][metric])
         if value is None:
             ok, verdict = False, "NOT MEASURED"

@@ -426,6 +426,13 @@ def given_answer_problems(context: dict[str, Any], dst: Path) -> list[str]:
                 f"{key} is fixed at the first copy ({recorded.get(key)!r} in "
                 f"{_conf(context, 'answers_file')}), not answered: drop -d {key}={given[key]}"
             )
+    old_kind = recorded.get("work_kind") if recorded is not None else None
+    if recorded is not None and "work_kind" in given and str(given["work_kind"]) != str(old_kind):
+        problems.append(
+            f"work_kind cannot change at update: items queued as {old_kind} would be claimed "
+            f"by no worker; add a worker for {given['work_kind']} with copier copy, drain or "
+            f"discard the {old_kind} items, then make remove-worker NAME={recorded['worker_name']}"
+        )
     # copier asks in turn; lane has a default, so the check need not wait for it
     answered = context.get("worker_name") and context.get("work_kind")
     if recorded is None and "host_root" in given and "namespace_absent" in given and answered:

@@ -27,6 +27,7 @@ Standard library only: it runs with the host's `python3`, copier is the `copier`
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shlex
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ANSWERS = ".copier-answers.yml"
@@ -360,37 +362,6 @@ def drop_member(text: str, member: str) -> str:
     return re.sub(rf"{quoted},[ \t]*", "", text)
 
 
-def drop_env_block(text: str, worker: str, prefix: str) -> tuple[str, str | None]:
-    """`.env.example`: the worker's block out; returns its METRICS_PORT value too."""
-    lines = text.splitlines(keepends=True)
-    header = f"# --- worker {worker} ---"
-    try:
-        start = next(i for i, line in enumerate(lines) if line.strip() == header)
-    except StopIteration:
-        return text, None
-    end = start + 1
-    while end < len(lines) and lines[end].startswith(prefix):
-        end += 1
-    port = next(
-        (
-            line.split("=", 1)[1].strip()
-            for line in lines[start:end]
-            if line.startswith(f"{prefix}METRICS_PORT=")
-        ),
-        None,
-    )
-    if start > 0 and not lines[start - 1].strip():
-        start -= 1
-    return "".join(lines[:start] + lines[end:]), port
-
-
-def drop_lines(text: str, patterns: list[str]) -> str:
-    """Every line matching one of the regular expressions, removed."""
-    compiled = [re.compile(p) for p in patterns]
-    kept = [ln for ln in text.splitlines(keepends=True) if not any(c.match(ln) for c in compiled)]
-    return "".join(kept)
-
-
 def drop_image(text: str, image: str) -> str:
     """A workflow: `<image>` out of every `image:` list (flow `[a, b]` or block `- b`)."""
 
@@ -415,10 +386,109 @@ def drop_image(text: str, image: str) -> str:
     return "".join(out)
 
 
-def drop_service(text: str, service: str) -> str:
-    """`docker-compose.full.yml`: the service `<service>` (its whole block) out."""
-    lines = text.splitlines(keepends=True)
-    key = re.compile(rf"^(\s+){re.escape(service)}:\s*$")
+# --- regions: where a worker's fragments live in the files workers share ------------------
+#
+# Each fragment the patcher writes for one worker into a shared file is a *region*: whole
+# lines it can find again by structural identity (the env block's header, the worker's
+# `run` line, the kind's enum member, import and map entries, the compose service). The
+# patcher's update merges each region three ways (old render, the user's text, new render);
+# `remove` and `rename` cut the same regions. One table, `worker_regions`, names them all,
+# so an edit and its reverse cannot drift apart.
+
+
+@dataclass(frozen=True)
+class Region:
+    """Lines `[start, end)` of a file that hold one fragment; `key` names the fragment.
+
+    `gap` is how many blank lines right before `start` separate it from what precedes
+    (cut along with the region when the worker goes, so the file keeps its spacing).
+    """
+
+    key: str
+    start: int
+    end: int
+    gap: int = 0
+
+
+def _balanced_end(lines: list[str], start: int) -> int:
+    """One past the line where the brackets opened on `lines[start]` and after are closed."""
+    depth = 0
+    for i in range(start, len(lines)):
+        code = lines[i].split("#", 1)[0]
+        depth += sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
+        if depth <= 0:
+            return i + 1
+    return len(lines)
+
+
+def _gap(lines: list[str], start: int) -> int:
+    return 1 if start > 0 and not lines[start - 1].strip() else 0
+
+
+def env_regions(lines: list[str], worker: str) -> list[Region]:
+    """`.env.example`: `# --- worker <name> ---` and the lines after it up to a blank line
+    or the next `# --- ` header."""
+    header = f"# --- worker {worker} ---"
+    for i, line in enumerate(lines):
+        if line.strip() == header:
+            end = i + 1
+            while end < len(lines) and lines[end].strip() and not lines[end].startswith("# --- "):
+                end += 1
+            return [Region("env block", i, end, _gap(lines, i))]
+    return []
+
+
+def dev_regions(lines: list[str], worker: str) -> list[Region]:
+    """`scripts/dev.sh`: the worker's `run <name> ...` line."""
+    return [
+        Region("dev script", i, i + 1)
+        for i, line in enumerate(lines)
+        if re.match(rf"run {re.escape(worker)}\s", line)
+    ]
+
+
+def work_readme_regions(lines: list[str], kind: str, worker: str) -> list[Region]:
+    """`work/README.md`: the kind's line in the kinds list (``- `KIND`, ...``)."""
+    line = re.compile(rf"- `{re.escape(kind)}`[,\s]")
+    return [Region("work readme", i, i + 1) for i, l in enumerate(lines) if line.match(l)]
+
+
+def kinds_regions(lines: list[str], kind: str, kind_snake: str, payload_class: str) -> list[Region]:
+    """`work/types/kinds.py`: the `WorkKind` member, the payload import (one line or
+    parenthesised) and the `WORK_PAYLOADS` and `WORK_POLICIES` entries (one line or
+    wrapped, however the value is written)."""
+    found: list[Region] = []
+    member = re.compile(rf"\s+{re.escape(kind)}\s*=\s*[\"']{re.escape(kind)}[\"']\s*(#.*)?$")
+    imports = re.compile(rf"from \.payloads\.{re.escape(kind_snake)} import\b")
+    entry = re.compile(rf"\s+WorkKind\.{re.escape(kind)}\s*:")
+    where = ""
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if re.match(r"[A-Z_]+\b.*=\s*\{\s*$", line):
+            where = line.split(":", 1)[0].split("=", 1)[0].strip()
+        elif line.startswith("}"):
+            where = ""
+        if member.match(line):
+            found.append(Region("kind member", i, i + 1))
+        elif imports.match(line):
+            end = _balanced_end(lines, i)
+            found.append(Region("kind import", i, end))
+            i = end
+            continue
+        elif where in ("WORK_PAYLOADS", "WORK_POLICIES") and entry.match(line):
+            end = _balanced_end(lines, i)
+            found.append(Region(f"kind entry {where}", i, end))
+            i = end
+            continue
+        i += 1
+    return found
+
+
+def compose_regions(lines: list[str], worker: str) -> list[Region]:
+    """`docker-compose.full.yml`: the service `<worker>` (its key and everything indented
+    below it)."""
+    key = re.compile(rf"^(\s+){re.escape(worker)}:\s*$")
     for i, line in enumerate(lines):
         match = key.match(line)
         if not match:
@@ -431,9 +501,50 @@ def drop_service(text: str, service: str) -> str:
             end += 1
         while end > i + 1 and not lines[end - 1].strip():
             end -= 1
-        start = i - 1 if i > 0 and not lines[i - 1].strip() else i
-        return "".join(lines[:start] + lines[end:])
-    return text
+        return [Region("compose service", i, end, _gap(lines, i))]
+    return []
+
+
+def worker_regions(
+    host_root: str, worker: str, kind: str
+) -> dict[str, Callable[[list[str]], list[Region]]]:
+    """Every shared file that holds line regions of this worker, with the function that
+    finds them (keyed by path from the host root)."""
+    names = names_of(worker, kind)
+    work = f"om/src/{host_root}/om/work"
+    return {
+        ".env.example": lambda lines: env_regions(lines, worker),
+        "scripts/dev.sh": lambda lines: dev_regions(lines, worker),
+        f"{work}/README.md": lambda lines: work_readme_regions(lines, kind, worker),
+        f"{work}/types/kinds.py": lambda lines: kinds_regions(
+            lines, kind, names["kind_snake"], names["payload_class"]
+        ),
+        "deployment/local/docker-compose.full.yml": lambda lines: compose_regions(lines, worker),
+    }
+
+
+def cut_regions(text: str, regions: list[Region], *, with_gap: bool = True) -> str:
+    """`text` without the lines of `regions` (and, with `with_gap`, the blank line before
+    each region that had one)."""
+    lines = text.splitlines(keepends=True)
+    drop: set[int] = set()
+    for region in regions:
+        drop.update(range(region.start - (region.gap if with_gap else 0), region.end))
+    return "".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def env_port(text: str, worker: str, prefix: str) -> str | None:
+    """The `<PREFIX>METRICS_PORT` value in the worker's `.env.example` block, if any."""
+    lines = text.splitlines(keepends=True)
+    for region in env_regions(lines, worker):
+        for line in lines[region.start : region.end]:
+            if line.startswith(f"{prefix}METRICS_PORT="):
+                return line.split("=", 1)[1].strip()
+    return None
+
+
+def _cut_found(text: str, find: Callable[[list[str]], list[Region]]) -> str:
+    return cut_regions(text, find(text.splitlines(keepends=True)))
 
 
 def reverse_fragments(
@@ -441,47 +552,26 @@ def reverse_fragments(
 ) -> list[str]:
     """Undo the patcher's per-worker edits in the host files many workers share.
 
-    Workspace member, `scripts/dev.sh` line, `.env.example` block, deploy matrix entries,
+    The workspace member and the deploy matrix entries (parts of one line), then every
+    region of `worker_regions`: the `.env.example` block, the `scripts/dev.sh` line, the
     compose service, the kind's line in `work/README.md` and (unless `keep_kind`) its
-    member, payload import and map entries in `work/types/kinds.py`. Shared additions
-    (the topic, the cache scope, the namespace's own rows) stay. Returns the files changed.
+    member, payload import and map entries in `work/types/kinds.py`, wrapped or not.
+    Shared additions (the topic, the cache scope, the namespace's own rows) stay. Returns
+    the files changed.
     """
     worker, kind = str(answers["worker_name"]), str(answers["work_kind"])
     pkg = str(answers["host_root"])
-    names = names_of(worker, kind)
     touched: list[str] = []
     edits: list[tuple[str, Callable[[str], str]]] = [
         ("pyproject.toml", lambda t: drop_member(t, f"workers/{worker}")),
-        ("scripts/dev.sh", lambda t: drop_lines(t, [rf"^run {re.escape(worker)} "])),
-        (".env.example", lambda t: drop_env_block(t, worker, names["worker_env_prefix"])[0]),
         (".github/workflows/deploy-staging.yml", lambda t: drop_image(t, worker)),
         (".github/workflows/deploy-production.yml", lambda t: drop_image(t, worker)),
-        ("deployment/local/docker-compose.full.yml", lambda t: drop_service(t, worker)),
-        (
-            f"om/src/{pkg}/om/work/README.md",
-            lambda t: drop_lines(
-                t, [rf"^- `{re.escape(kind)}`, handled by the `{re.escape(worker)}` worker$"]
-            ),
-        ),
     ]
-    if not keep_kind:
-        k = re.escape(kind)
-        edits.append(
-            (
-                f"om/src/{pkg}/om/work/types/kinds.py",
-                lambda t: drop_lines(
-                    t,
-                    [
-                        rf"^\s+{k}\s*=\s*[\"']{k}[\"']\s*$",
-                        (
-                            rf"^from \.payloads\.{re.escape(names['kind_snake'])} import "
-                            rf"{re.escape(names['payload_class'])}\s*$"
-                        ),
-                        rf"^\s+WorkKind\.{k}:\s.*,\s*$",
-                    ],
-                ),
-            )
-        )
+    kinds_path = f"om/src/{pkg}/om/work/types/kinds.py"
+    for rel, find in worker_regions(pkg, worker, kind).items():
+        if keep_kind and rel == kinds_path:
+            continue
+        edits.append((rel, functools.partial(_cut_found, find=find)))
     for rel, edit in edits:
         path = root / rel
         if path.is_file():
@@ -670,10 +760,7 @@ def rename(root: Path, old: str, new: str) -> int:
     shutil.move(path, new_answers)
     shutil.rmtree(leftover, ignore_errors=True)
     env = root / ".env.example"
-    port = None
-    if env.is_file():
-        text, port = drop_env_block(env.read_text(encoding="utf-8"), old, old_prefix)
-        env.write_text(text, encoding="utf-8")
+    port = env_port(env.read_text(encoding="utf-8"), old, old_prefix) if env.is_file() else None
     reverse_fragments(root, {**answers, "worker_name": old}, keep_kind=True)
     if port is not None and env.is_file():
         prefix = names_of(new, "X")["worker_env_prefix"]

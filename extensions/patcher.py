@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import hashlib
 import importlib.util
+import io
 import re
 import sys
 from collections.abc import Callable
@@ -55,6 +56,7 @@ def _sibling(name: str) -> ModuleType:
 
 naming = _sibling("naming")
 hostfacts = _sibling("hostfacts")
+host_workers = _sibling("host_workers")
 
 try:
     import libcst as cst
@@ -1003,15 +1005,23 @@ def check_host(host: Path, spec: Spec) -> list[str]:
     return problems
 
 
-def apply(host: Path, spec: Spec) -> list[str]:
-    """Apply every fragment; returns the files changed. Raises `Missing` on the first gap."""
-    limit = line_length(host)
+def host_spec(host: Path, spec: Spec) -> Spec:
+    """`spec` with what the host decides: its line length, whether its namespace has
+    `claim_many`."""
     storage = host / spec.om / "work" / "storage" / "__init__.py"
     has_many = storage.is_file() and "def claim_many(" in storage.read_text(encoding="utf-8")
-    spec = dataclasses.replace(spec, storage_has_claim_many=has_many, line_length=limit)
+    return dataclasses.replace(spec, storage_has_claim_many=has_many, line_length=line_length(host))
+
+
+def apply(host: Path, spec: Spec, *, skip: frozenset[str] = frozenset()) -> list[str]:
+    """Apply every fragment, except to the files in `skip` (conflicted by the merge);
+    returns the files changed. Raises `Missing` on the first gap."""
+    spec = host_spec(host, spec)
     changed: list[str] = []
     for fragment in fragments(spec):
-        if fragment.apply(host, spec, limit):
+        if fragment.path(spec) in skip:
+            continue
+        if fragment.apply(host, spec, spec.line_length):
             changed.append(fragment.path(spec))
     return sorted(set(changed))
 
@@ -1087,6 +1097,202 @@ def undo_copy(host: Path, paths: list[str]) -> list[str]:
     return changed
 
 
+# --- update: each region merged three ways ------------------------------------------------
+
+# The labels of copier's own conflict markers, so the host helper finds ours the same way.
+MERGE_LABELS = ("before updating", "last update", "after updating")
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The worker as the last copy or update left it: its answers and that template's
+    patcher (loaded from the template repository at the recorded commit)."""
+
+    answers: dict[str, Any]
+    patcher: ModuleType
+
+
+def previous_render(host: Path, answers_file: str) -> Previous | str:
+    """The previous answers (the committed answers file: copier updates only a clean tree)
+    and the patcher of the template version they record, or why they cannot be had.
+
+    The template repository is the one this patcher runs from (copier's clone holds the
+    recorded commit); its `extensions/` at that commit go to a temporary folder and load
+    under names of their own, so the two versions never share a module.
+    """
+    import subprocess
+    import tarfile
+    import tempfile
+
+    import yaml
+
+    shown = subprocess.run(
+        ["git", "show", f"HEAD:{answers_file}"],
+        cwd=host,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if shown.returncode != 0:
+        return f"{answers_file} is not committed"
+    answers = yaml.safe_load(shown.stdout) or {}
+    commit = str(answers.get("_commit") or "")
+    repo = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", f"{commit}^{{commit}}", "extensions"],
+        cwd=repo,
+        capture_output=True,
+        check=False,
+    )
+    if not commit or archive.returncode != 0:
+        return f"the template's commit {commit or '(none recorded)'} is not in {repo}"
+    folder = Path(tempfile.mkdtemp(prefix="worker-template-previous-"))
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(folder, filter="data")
+    path = folder / "extensions" / "patcher.py"
+    key = f"_worker_template_previous_{hashlib.sha1(str(folder).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(key, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    spec.loader.exec_module(module)
+    return Previous(answers, module)
+
+
+def _apply_file(module: ModuleType, spec: Any, rel: str, text: str, limit: int) -> str:
+    """`text` after every fragment of `module` (a patcher version) that edits `rel`."""
+    for fragment in module.fragments(spec):
+        if fragment.path(spec) == rel:
+            text = fragment.edit(text, spec, limit)
+    return text
+
+
+def _skeleton(text: str, regions: list[Any]) -> str:
+    """`text` without `regions`, still valid for the patchers' parsers: a class member
+    gives way to `pass`, so a class that held only this worker's member keeps a body."""
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    starts = {r.start: r for r in regions}
+    skip_to = -1
+    for i, line in enumerate(lines):
+        if i < skip_to:
+            continue
+        region = starts.get(i)
+        if region is None:
+            out.append(line)
+            continue
+        if region.key == "kind member":
+            out.append(line[: len(line) - len(line.lstrip())] + "pass\n")
+        skip_to = region.end
+    return "".join(out)
+
+
+def _texts(lines: list[str], regions: list[Any]) -> dict[str, str]:
+    return {r.key: "".join(lines[r.start : r.end]) for r in regions}
+
+
+def _replaced(lines: list[str], regions: list[Any], texts: dict[str, str]) -> str:
+    """`lines` with each region's lines replaced by `texts[key]` ('' when absent: dropped)."""
+    out: list[str] = []
+    by_start = {r.start: r for r in regions}
+    i = 0
+    while i < len(lines):
+        region = by_start.get(i)
+        if region is None:
+            out.append(lines[i])
+            i += 1
+            continue
+        text = texts.get(region.key, "")
+        if not text and region.gap and out and not out[-1].strip():
+            out.pop()  # a dropped region takes its separating blank line along
+        out.append(text)
+        i = region.end
+    return "".join(out)
+
+
+def merge3(ours: str, base: str, theirs: str) -> tuple[str, bool]:
+    """`git merge-file` of three texts: the merged text and whether it holds conflicts
+    (marked as copier marks its own: `<<<<<<< before updating` ... `>>>>>>> after updating`)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="worker-template-merge-") as tmp:
+        paths = []
+        for name, text in (("ours", ours), ("base", base), ("theirs", theirs)):
+            path = Path(tmp) / name
+            path.write_text(text, encoding="utf-8")
+            paths.append(str(path))
+        labels = [arg for label in MERGE_LABELS for arg in ("-L", label)]
+        done = subprocess.run(
+            ["git", "merge-file", "-p", *labels, *paths],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    if done.returncode < 0 or done.returncode > 127:
+        raise RuntimeError(f"git merge-file failed: {done.stderr.strip()}")
+    return done.stdout, done.returncode > 0
+
+
+def merge_regions(host: Path, spec: Spec, previous: Previous) -> tuple[list[str], list[str]]:
+    """Merge every line region of this worker three ways: the previous template's render
+    (base), the host's text (ours), this template's render (theirs).
+
+    Each render comes from running that version's patcher over the file with the worker's
+    regions cut out (`_skeleton`) and finding the regions again, so both renders are of the
+    same host; the base and theirs files are the host's file with only the regions' text
+    swapped. A region the new template no longer renders is dropped when unedited; a region
+    it adds is inserted afterwards by `apply`. Returns `(changed, conflicted)` paths; a
+    conflicted file keeps copier's markers and is left out of `apply`.
+    """
+    old_spec = previous.patcher.Spec.from_answers(previous.answers)
+    if (old_spec.worker_name, old_spec.work_kind) != (spec.worker_name, spec.work_kind):
+        return [], []  # a rename: the helper moves the regions itself
+    limit = spec.line_length
+    fields = {f.name for f in dataclasses.fields(old_spec)}
+    if "line_length" in fields:
+        old_spec = dataclasses.replace(old_spec, line_length=limit)
+    if "storage_has_claim_many" in fields:
+        old_spec = dataclasses.replace(old_spec, storage_has_claim_many=spec.storage_has_claim_many)
+    changed: list[str] = []
+    conflicted: list[str] = []
+    regions = host_workers.worker_regions(spec.host_root, spec.worker_name, spec.work_kind)
+    for rel, find in regions.items():
+        path = host / rel
+        if not path.is_file():
+            continue
+        ours = path.read_text(encoding="utf-8")
+        lines = ours.splitlines(keepends=True)
+        mine = find(lines)
+        if not mine:
+            continue
+        skeleton = _skeleton(ours, mine)
+        renders = []
+        for module, version_spec in ((previous.patcher, old_spec), (sys.modules[__name__], spec)):
+            try:
+                rendered = _apply_file(module, version_spec, rel, skeleton, limit)
+            except (previous.patcher.Missing, Missing) as exc:  # that version cannot render it
+                print(f"worker-template patcher: {rel} not merged ({exc})", file=sys.stderr)
+                break
+            rendered_lines = rendered.splitlines(keepends=True)
+            renders.append(_texts(rendered_lines, find(rendered_lines)))
+        else:
+            old_texts, new_texts = renders
+            current = _texts(lines, mine)
+            base = _replaced(lines, mine, {**current, **old_texts})
+            theirs_texts = {
+                key: new_texts.get(key, "" if key in old_texts else text)
+                for key, text in current.items()
+            }
+            merged, conflict = merge3(ours, base, _replaced(lines, mine, theirs_texts))
+            if merged != ours:
+                path.write_text(merged, encoding="utf-8")
+                changed.append(rel)
+            if conflict:
+                conflicted.append(rel)
+    return changed, conflicted
+
+
 def is_replay(folder: Path) -> bool:
     """True for copier's temporary update copies (copier-facts §5, §7)."""
     return folder.resolve().name.startswith("copier._main.") or not (folder / ".git").exists()
@@ -1109,8 +1315,20 @@ def main(argv: list[str] | None = None) -> int:
 
     answers = yaml.safe_load((host / args.answers_file).read_text(encoding="utf-8"))
     spec = Spec.from_answers(answers)
+    merged: list[str] = []
+    conflicted: list[str] = []
+    if args.operation == "update":
+        previous = previous_render(host, args.answers_file)
+        if isinstance(previous, str):
+            print(
+                f"worker-template patcher: shared files not merged ({previous}); "
+                "missing fragments are added, changed ones keep their text",
+                file=sys.stderr,
+            )
+        else:
+            merged, conflicted = merge_regions(host, host_spec(host, spec), previous)
     try:
-        changed = apply(host, spec)
+        changed = apply(host, spec, skip=frozenset(conflicted))
     except Exception as exc:  # every failure of a copy is undone, whatever raised it
         if args.operation == "update" and isinstance(exc, Missing):
             print(f"worker-template patcher: skipped, {exc}", file=sys.stderr)
@@ -1124,8 +1342,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    for path in changed:
+    for path in sorted(set(changed) | set(merged)):
         print(f"    patched  {path}")
+    for path in conflicted:
+        print(f"    conflict {path}: resolve the markers, then `git add` it", file=sys.stderr)
     return 0
 
 
