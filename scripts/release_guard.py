@@ -416,19 +416,32 @@ class Rendered:
 
 
 def render_tree(manifest: Mapping[str, Any], template: Path) -> list[Rendered]:
-    """Render the working tree of `template` for every scenario of `manifest`."""
+    """Render the working tree of `template` for every scenario of `manifest`.
+
+    Raises `GuardError` naming the scenario when copier cannot render it (a new question
+    without a default, say: an update with `--defaults` would fail the same way).
+    """
+    rendered: list[Rendered] = []
     with tempfile.TemporaryDirectory(prefix="worker-template.tree.") as tmp:
         tree = Path(tmp) / "template"
         export_working_tree(template, tree)
-        return [
-            Rendered(
-                name=str(s["name"]),
-                answers=dict(s["answers"]),
-                released=frozenset(s["paths"]),
-                now=frozenset(render_paths(tree, s["answers"])),
+        for s in manifest["scenarios"]:
+            try:
+                now = render_paths(tree, s["answers"])
+            except Exception as exc:  # copier's errors share no base class worth naming
+                raise GuardError(
+                    f"scenario {s['name']}: copier cannot render the template with the "
+                    f"manifest's answers: {type(exc).__name__}: {exc}"
+                ) from exc
+            rendered.append(
+                Rendered(
+                    name=str(s["name"]),
+                    answers=dict(s["answers"]),
+                    released=frozenset(s["paths"]),
+                    now=frozenset(now),
+                )
             )
-            for s in manifest["scenarios"]
-        ]
+    return rendered
 
 
 def gaps(manifest: Mapping[str, Any], rendered: list[Rendered], found: list[Step]) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,6 @@ from conftest import REPO, commit_all, git, snapshot_template
 MOVED_FROM = "workers/{worker_name}/src/{host_root}/workers/{worker_module}/metrics.py"
 MOVED_TO = "workers/{worker_name}/src/{host_root}/workers/{worker_module}/observability/metrics.py"
 PKG_TPL = "template/workers/{{ worker_name }}/src/{{ host_root }}/workers/{{ worker_module }}"
-RELEASE_COMMIT = "e75b510a2757689f74f8235bf654114e7add72e9"
 
 
 def _guard() -> ModuleType:
@@ -74,7 +74,10 @@ BEFORE = "{{ _stage == 'before' }}"
 
 def test_manifest_names_the_release_and_tries_every_pair_of_booleans() -> None:
     data = manifest()
-    assert data["release"] == {"version": "v0.1.0", "commit": RELEASE_COMMIT}
+    release = data["release"]
+    assert isinstance(release, dict) and set(release) == {"version", "commit"}
+    assert re.fullmatch(r"v\d+\.\d+\.\d+", release["version"])
+    assert re.fullmatch(r"[0-9a-f]{40}", release["commit"])
     scenarios = data["scenarios"]
     assert isinstance(scenarios, list)
     assert [s["name"] for s in scenarios] == [s["name"] for s in guard.SCENARIOS]
@@ -96,19 +99,32 @@ def test_pairwise_gaps_names_the_untried_values() -> None:
     assert guard.pairwise_gaps({"c": "bool"}, tried) == ["c=True", "c=False"]
 
 
+def release_commit() -> str:
+    """The manifest's release commit; skips the test when this clone lacks it (shallow)."""
+    commit = str(manifest()["release"]["commit"])  # type: ignore[index]
+    found = subprocess.run(
+        ["git", "cat-file", "-t", commit], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    if found.stdout.strip() != "commit":
+        pytest.skip(f"the release commit {commit[:7]} is not in this clone (shallow checkout)")
+    return commit
+
+
 def test_manifest_is_what_make_release_manifest_builds() -> None:
-    """The committed file is the generator's output for the release commit, byte for byte."""
-    if git(REPO, "cat-file", "-t", RELEASE_COMMIT).strip() != "commit":
-        pytest.skip("the release commit is not in this clone (shallow checkout)")
-    built = guard.build(REPO, RELEASE_COMMIT[:7], "v0.1.0")
+    """The committed file is the generator's output for the release commit, byte for byte
+    (so its paths are what that commit renders, and its CHANGELOG has the version)."""
+    commit = release_commit()
+    version = str(manifest()["release"]["version"])  # type: ignore[index]
+    built = guard.build(REPO, commit[:7], version)
+    assert built["release"]["commit"] == commit
     assert guard.dump(built) == (REPO / "release" / "manifest.json").read_text()
 
 
 def test_build_refuses_a_version_the_changelog_does_not_describe() -> None:
-    if git(REPO, "cat-file", "-t", RELEASE_COMMIT).strip() != "commit":
-        pytest.skip("the release commit is not in this clone (shallow checkout)")
-    with pytest.raises(guard.GuardError, match=r"no `## \[0\.9\.0\]`"):
-        guard.build(REPO, RELEASE_COMMIT, "v0.9.0")
+    with pytest.raises(guard.GuardError, match=r"no `## \[99\.0\.0\]`"):
+        guard.build(REPO, release_commit(), "v99.0.0")
+    with pytest.raises(guard.GuardError, match="is not in"):
+        guard.build(REPO, "0" * 40, "v0.1.0")
 
 
 # --- the guard on the template -------------------------------------------------------------------
@@ -237,3 +253,9 @@ def test_check_command_prints_one_line_per_gap_and_exits_1(tmp_path: Path) -> No
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("workers/{worker_name}/gone.py: "), lines
     assert "for owner," in lines[0]
+
+
+def test_a_scenario_copier_cannot_render_is_named() -> None:
+    broken = {"scenarios": [{"name": "no-worker-name", "answers": {"work_kind": "X"}, "paths": []}]}
+    with pytest.raises(guard.GuardError, match="scenario no-worker-name: copier cannot render"):
+        guard.render_tree(broken, REPO)
