@@ -9,13 +9,15 @@ export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 export UV_LINK_MODE ?= copy
 PYTEST_ARGS ?=
 
-.PHONY: help setup services demo test bench lint clean
+.PHONY: help setup services demo test bench lint clean release-manifest release-check
 
 help:
 	@echo "make demo   render shipment-notifier into the reference host and process 200 items"
 	@echo "make test   run the template's whole test suite (sets everything up first)"
 	@echo "make bench  ours vs procrastinate and pgqueuer, held to bench/targets.json"
 	@echo "make lint   ruff over the template's own Python"
+	@echo "make release-manifest VERSION=vX.Y.Z [COMMIT=<sha>]   record a release's rendered paths"
+	@echo "make release-check   the template against those paths (also part of make test)"
 	@echo "make clean  remove scratch renders (.demo/, .cache/)"
 
 ## Install uv (from PyPI) when missing, the template's locked tooling, and warm the uv
@@ -52,6 +54,16 @@ bench: setup services
 lint: setup
 	@$(UV) run --locked ruff check extensions tests scripts bench
 	@$(UV) run --locked ruff format --check extensions tests scripts bench
+
+## When a release is cut: the paths that release renders for fixed sample answers, into
+## release/manifest.json (commit it). Tags do not survive here, so the commit is explicit.
+release-manifest: setup
+	@test -n "$(VERSION)" || { echo "usage: make release-manifest VERSION=vX.Y.Z [COMMIT=<release commit>]" >&2; exit 2; }
+	@$(UV) run --locked --quiet python scripts/release_guard.py build --version "$(VERSION)" --commit "$(or $(COMMIT),HEAD)"
+
+## No rendered path of the last release gone without a _migrations step (tests/test_release_guard.py).
+release-check: setup
+	@$(UV) run --locked --quiet python scripts/release_guard.py check
 
 clean:
 	rm -rf .demo .bench .cache

@@ -278,9 +278,34 @@ def update(root: Path, name: str, ref: str | None = None) -> int:
     return OK
 
 
+def update_order(root: Path) -> list[str]:
+    """The workers in the order `update_all` updates them.
+
+    First the worker that owns the `work` namespace (`namespace_absent: true` in its
+    answers): every other worker calls the namespace's code, so it moves to the new
+    version first. Then the others in the order they were copied, which is the order of
+    their `metrics_port` answers (each copy takes the first port no other worker holds);
+    workers without a port answer come last, and ties go by name.
+    """
+
+    def key(name: str) -> tuple[bool, bool, int, str]:
+        answers = read_answers(root / "workers" / name / ANSWERS)
+        port = answers.get("metrics_port")
+        has_port = isinstance(port, int) and not isinstance(port, bool)
+        return (
+            answers.get("namespace_absent") is not True,
+            not has_port,
+            port if has_port and isinstance(port, int) else 0,
+            name,
+        )
+
+    return sorted(all_workers(root), key=key)
+
+
 def update_all(root: Path, commit: bool) -> int:
-    """Update every worker in turn; stops after the first one left uncommitted."""
-    names = all_workers(root)
+    """Update every worker in turn (`update_order`); stops after the first one left
+    uncommitted, or at the first worker whose update fails or leaves conflicts."""
+    names = update_order(root)
     if not names:
         print("no workers made by the worker template")
         return OK

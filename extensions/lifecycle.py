@@ -27,6 +27,24 @@ Copier deletes the old path (the new template no longer has it) and writes the n
 the template renders it; the command 3-way merges the user's old file (from git `HEAD`)
 into the new one, with the old template's rendering of the old path as the base, so a
 user's edit survives the move and an overlapping one gives copier's inline markers.
+
+The migration command, for a release that stops rendering a file because its code moves
+into code all workers share (copier.yml `_migrations`, before stage):
+
+    python extensions/lifecycle.py retire --answers-file <file> --path <path> [--path ...]
+                                          [--note <where the code went>]
+
+Copier would delete the file on update, edits included. Before it writes anything, the
+command compares the user's copy with the old release's rendering of it: unedited (or
+absent, or never rendered for these answers), the update goes on and copier deletes it;
+edited, the command prints one line naming the file(s) and what to do, and exits 1, so
+copier stops with nothing written.
+
+Both commands act only in the real host (a git work tree outside copier's temporary
+folders, `is_real_host`): copier 9.19.1 runs `_migrations` in the real destination only,
+but a replay that ran them would find no host to change, and they must stay replay-safe.
+The guard scripts/release_guard.py reads these commands' arguments (`build_parser`) to
+tell which released paths a `_migrations` entry carries across.
 """
 
 from __future__ import annotations
@@ -190,7 +208,7 @@ def edit_ci(text: str) -> str:
     )
     jobs[CI_JOB] = job
     jobs.yaml_set_comment_before_after_key(CI_JOB, before="\n")
-    return deploy._dump(yaml, data)
+    return str(deploy._dump(yaml, data))
 
 
 def fragments(spec: SpecLike) -> list[Edit]:
@@ -209,6 +227,11 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
 
 
+def _yaml() -> Any:
+    """PyYAML, copier's own dependency (imported by name: mypy needs no stubs for it)."""
+    return importlib.import_module("yaml")
+
+
 def is_real_host(folder: Path) -> bool:
     """Not one of copier's temporary copies, and a git work tree (copier-facts §5)."""
     resolved = folder.resolve()
@@ -217,12 +240,17 @@ def is_real_host(folder: Path) -> bool:
     return (resolved / ".git").exists()
 
 
-def _names(answers: dict[str, Any]) -> dict[str, str]:
+def names(answers: dict[str, Any]) -> dict[str, str]:
+    """What a path pattern may name: every answer (not `_`-keys) and every derived name.
+
+    `{"worker_name": "shipment-notifier", "worker_module": "shipment_notifier",
+    "host_root": "acme", "kind_snake": "notify_shipment", ...}`, all values as strings.
+    """
     naming = _sibling("naming")
-    names = naming.derive_names(
+    derived = naming.derive_names(
         worker_name=str(answers.get("worker_name", "")), work_kind=str(answers.get("work_kind", ""))
     )
-    return {**{k: str(v) for k, v in answers.items() if not k.startswith("_")}, **names}
+    return {**{k: str(v) for k, v in answers.items() if not k.startswith("_")}, **derived}
 
 
 def render_old(answers: dict[str, Any], src: str, ref: str, dst: Path) -> None:
@@ -238,17 +266,21 @@ def render_old(answers: dict[str, Any], src: str, ref: str, dst: Path) -> None:
 
 
 def move(host: Path, answers_file: str, old_pattern: str, new_pattern: str, ref_from: str) -> str:
-    """Carry the user's version of a moved path into its new place; returns what it did."""
-    import yaml
+    """Carry the user's version of a moved path into its new place; returns what it did.
 
+    `answers_file` is relative to `host`; `old_pattern`/`new_pattern` are paths from the
+    host root with `{placeholders}` (`names`); `ref_from` is the old template version
+    (copier's `$VERSION_FROM`, else the recorded `_commit`). Never raises for a missing
+    file: it returns `skipped: <why>`.
+    """
     if not is_real_host(host):
         return "skipped: not the real host"
     recorded = _git(host, "show", f"HEAD:{answers_file}")
     if recorded.returncode != 0:
         return f"skipped: {answers_file} is not in HEAD"
-    before = yaml.safe_load(recorded.stdout) or {}
-    names = _names(before)
-    old, new = old_pattern.format(**names), new_pattern.format(**names)
+    before = _yaml().safe_load(recorded.stdout) or {}
+    fill = names(before)
+    old, new = old_pattern.format(**fill), new_pattern.format(**fill)
     user = _git(host, "show", f"HEAD:{old}")
     target = host / new
     if user.returncode != 0:
@@ -289,15 +321,137 @@ def move(host: Path, answers_file: str, old_pattern: str, new_pattern: str, ref_
     return f"moved {old} -> {new}, your edits kept"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+# --- the retire migration -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Retired:
+    """What `retire` decided: `proceed` False stops the update; `message` is one line."""
+
+    proceed: bool
+    message: str
+
+
+def retire(
+    host: Path,
+    answers_file: str,
+    patterns: list[str],
+    ref_from: str,
+    ref_to: str = "",
+    note: str = "",
+    stage: str = "before",
+) -> Retired:
+    """Let copier delete retired files only where the user never edited them.
+
+    `patterns` are paths from the host root with `{placeholders}` (`names`), filled from
+    the answers recorded in `HEAD:<answers_file>`. Each file is compared, byte for byte,
+    with the old template's rendering of it (`ref_from`, copier's `$VERSION_FROM`, else the
+    recorded `_commit`; rendered with the recorded answers). A file the user deleted, or
+    that the old template did not render for these answers (the user's own), is no
+    concern of the update. Returns `Retired(True, ...)` to go on and `Retired(False, line)`
+    with the edited files and what to do; a pattern naming an unknown placeholder and a
+    run in copier's `after` stage (the files are already gone) also refuse, since both are
+    mistakes in the template's `_migrations` entry. Never raises for a missing file.
+    """
+    if not is_real_host(host):
+        return Retired(True, "skipped: not the real host")
+    if stage == "after":
+        return Retired(
+            False,
+            f"retire {' '.join(patterns)}: runs before copier deletes the files; the template's "
+            "`_migrations` entry needs `when: \"{{ _stage == 'before' }}\"` (report it to "
+            "the template's maintainers); `git checkout -- . && git clean -fd` undoes this update",
+        )
+    recorded = _git(host, "show", f"HEAD:{answers_file}")
+    if recorded.returncode != 0:
+        return Retired(True, f"skipped: {answers_file} is not in HEAD")
+    before = _yaml().safe_load(recorded.stdout) or {}
+    fill = names(before)
+    try:
+        paths = [pattern.format(**fill) for pattern in patterns]
+    except (KeyError, IndexError) as exc:
+        return Retired(False, f"retire: unknown placeholder {exc} in {' '.join(patterns)}")
+    present = [path for path in paths if (host / path).is_file()]
+    if not present:
+        return Retired(True, f"skipped: {', '.join(paths)} not in the worker")
+    src = str(before.get("_src_path", ""))
+    ref = ref_from or str(before.get("_commit", ""))
+    edited: list[str] = []
+    unedited: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="worker-template.retire.") as tmp:
+        old = Path(tmp) / "old"
+        render_old(before, src, ref, old)
+        for path in present:
+            base = old / path
+            if not base.is_file():
+                continue  # never rendered for these answers: the user's file, copier keeps it
+            if (host / path).read_bytes() == base.read_bytes():
+                unedited.append(path)
+            else:
+                edited.append(path)
+    if edited:
+        them = "it" if len(edited) == 1 else "them"
+        release = f"template {ref_to}" if ref_to else "the new template version"
+        try:
+            said = note.format(**fill)
+        except (KeyError, IndexError, ValueError):
+            said = note
+        where = f" ({said})" if said else " (the template's CHANGELOG says where)"
+        return Retired(
+            False,
+            f"{', '.join(edited)}: you changed {them} since template {ref}, and {release} "
+            f"removes {them}: its code moves into code all workers share{where}. Nothing was "
+            f"updated. Carry your change over to that code, `git rm` {them}, commit, and run "
+            "the update again.",
+        )
+    if not unedited:
+        return Retired(True, f"skipped: the old template did not render {', '.join(present)}")
+    return Retired(True, f"retired {', '.join(unedited)}: unedited, the update removes them")
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of the migrations (`move`, `retire`); the release guard parses
+    `_migrations` entries with it, so both read the same arguments."""
+    parser = argparse.ArgumentParser(
+        prog="lifecycle.py", description=(__doc__ or "").splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("move", help="carry the user's edits across a path the release moves")
     p.add_argument("--answers-file", required=True)
     p.add_argument("--from", dest="old", required=True)
     p.add_argument("--to", dest="new", required=True)
     p.add_argument("--host", default=".")
-    args = parser.parse_args(argv)
+    p = sub.add_parser(
+        "retire", help="stop the update when the user edited a file the release removes"
+    )
+    p.add_argument("--answers-file", required=True)
+    p.add_argument("--path", dest="paths", action="append", required=True)
+    p.add_argument("--note", default="", help="where the file's code went (one short phrase)")
+    p.add_argument("--host", default=".")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one migration; 0 done or nothing to do, 1 `retire` refused (its line on stderr)."""
+    args = build_parser().parse_args(argv)
+    if args.command == "retire":
+        decided = retire(
+            Path(args.host),
+            args.answers_file,
+            list(args.paths),
+            os.environ.get("VERSION_FROM", ""),
+            os.environ.get("VERSION_TO", ""),
+            args.note,
+            os.environ.get("STAGE", "before"),
+        )
+        if not decided.proceed:
+            print(decided.message, file=sys.stderr, flush=True)
+            return 1
+        print(f"    migrate  {decided.message}", flush=True)
+        return 0
     result = move(
         Path(args.host), args.answers_file, args.old, args.new, os.environ.get("VERSION_FROM", "")
     )

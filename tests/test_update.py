@@ -509,18 +509,46 @@ def test_untagged_template_copy_is_updatable(template_history: Path, tmp_path: P
 # --- update-workers -----------------------------------------------------------------------------
 
 
-def test_update_workers_stops_after_each_unless_commit(host: Path) -> None:
+def test_update_workers_starts_with_the_namespace_owner(host: Path) -> None:
+    """A (`shipment-notifier`, the namespace owner) goes before B (`invoice-mailer`), though
+    B sorts first by name: every other worker calls the namespace's code."""
+    assert recorded(host, A)["namespace_absent"] is True
+    assert recorded(host, A)["metrics_port"] < recorded(host, B)["metrics_port"]
     done = make(host, "update-workers")
     assert done.returncode != 0
-    assert f"stopped after {B}" in done.stdout, done.stdout
-    assert recorded(host, B)["_commit"] == "v0.0.2" and recorded(host, A)["_commit"] == "v0.0.1"
+    assert f"stopped after {A}: copier needs a clean tree for the next worker ({B})" in (
+        done.stdout
+    ), done.stdout
+    assert f"worker {A}: updating from v0.0.1 to v0.0.2" in done.stdout
+    assert f"worker {B}: updating" not in done.stdout
+    assert recorded(host, A)["_commit"] == "v0.0.2" and recorded(host, B)["_commit"] == "v0.0.1"
     git(host, "checkout", "-q", ".")
     git(host, "clean", "-qfd")
     done = make(host, "update-workers", "COMMIT=1")
     assert done.returncode == 0, done.stdout + done.stderr
     assert tree_state(host) == ""
-    log = git(host, "log", "--format=%s", "-2")
-    assert f"Update worker {A} to template v0.0.2" in log and f"Update worker {B}" in log
+    log = git(host, "log", "--format=%s", "-2").splitlines()
+    assert log == [f"Update worker {B} to template v0.0.2", f"Update worker {A} to template v0.0.2"]
+
+
+def test_update_order_is_owner_then_copy_order_then_name(tmp_path: Path) -> None:
+    """`update_order` reads only the answers: the owner, then `metrics_port`, then name."""
+    host_workers = load_extension("host_workers")
+    workers = {
+        "alpha": "namespace_absent: false\nmetrics_port: 9103\n",
+        "beta": "namespace_absent: false\nmetrics_port: 9101\n",
+        "zulu-owner": "namespace_absent: true\nmetrics_port: 9102\n",
+        "delta": "namespace_absent: false\n",
+        "charlie": "metrics_port: 'x'\n",
+        "echo": "namespace_absent: false\nmetrics_port: 9104\n",
+    }
+    for name, text in workers.items():
+        answers = tmp_path / "workers" / name / ".copier-answers.yml"
+        answers.parent.mkdir(parents=True)
+        answers.write_text(f"_commit: v0.0.1\nworker_name: {name}\n{text}")
+    order = host_workers.update_order(tmp_path)
+    assert order == ["zulu-owner", "beta", "alpha", "echo", "charlie", "delta"]
+    assert host_workers.all_workers(tmp_path)[0] == "alpha", "not by name any more"
 
 
 def test_helper_refuses_a_dirty_tree_and_an_unknown_worker(host: Path) -> None:
