@@ -9,6 +9,7 @@ Only the standard library and PyYAML (a dependency of copier itself) are used.
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -17,8 +18,6 @@ from pathlib import Path
 
 import yaml
 
-_REVISION = re.compile(r"^revision\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
-_DOWN = re.compile(r"^down_revision\s*(?::[^=]+)?=\s*['\"]?([^'\"\n]*)['\"]?", re.MULTILINE)
 _ENUM_CLASS = re.compile(
     r"^class\s+WorkKind\b[^\n]*:\n((?:[ \t]+[^\n]*\n|[ \t]*\n)*)", re.MULTILINE
 )
@@ -110,21 +109,63 @@ def enclosing_host(path: Path) -> Path | None:
     return None
 
 
+def literal_assignments(text: str, names: tuple[str, ...]) -> dict[str, object]:
+    """The module-level `name = <literal>` (or `name: T = <literal>`) of `names` in `text`;
+    an assignment whose value is not a literal, or a file that does not parse, is left out."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return {}
+    found: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id in names:
+            try:
+                found[target.id] = ast.literal_eval(value)
+            except ValueError:
+                continue
+    return found
+
+
+def revision_graph(versions: Path) -> dict[str, tuple[str, ...]]:
+    """Each revision of one alembic history folder and the revisions it follows.
+
+    Reads the literal `revision = "..."` and `down_revision = ...` of each `*.py` in
+    `versions` (the layout of docs/host-contract.md, Migrations): `down_revision` is a
+    revision, None (a base) or a tuple of revisions (a merge revision).
+    """
+    graph: dict[str, tuple[str, ...]] = {}
+    for path in sorted(versions.glob("*.py")):
+        found = literal_assignments(path.read_text(encoding="utf-8"), ("revision", "down_revision"))
+        rev, down = found.get("revision"), found.get("down_revision")
+        if not isinstance(rev, str) or not rev:
+            continue
+        if isinstance(down, str):
+            graph[rev] = (down,) if down else ()
+        elif isinstance(down, tuple | list):
+            graph[rev] = tuple(d for d in down if isinstance(d, str) and d)
+        else:
+            graph[rev] = ()
+    return graph
+
+
+def graph_heads(graph: dict[str, tuple[str, ...]]) -> list[str]:
+    """The revisions of `graph` no other revision follows, sorted."""
+    parents = {down for downs in graph.values() for down in downs}
+    return sorted(rev for rev in graph if rev not in parents)
+
+
 def queue_head(versions: Path) -> str:
     """The single head revision of one alembic history folder, '' when it has none.
 
-    Reads `revision = "..."` and `down_revision = "..."` from each `*.py` in `versions`
-    (the layout of docs/host-contract.md, Migrations); with several heads, ''.
+    With several heads, ''. A merge revision (`down_revision` a tuple) joins its parents.
     """
-    revisions: dict[str, str] = {}
-    for path in sorted(versions.glob("*.py")):
-        text = path.read_text(encoding="utf-8")
-        rev = _REVISION.search(text)
-        down = _DOWN.search(text)
-        if rev:
-            revisions[rev.group(1)] = (down.group(1).strip() if down else "") or ""
-    parents = {d for d in revisions.values() if d and d != "None"}
-    heads = sorted(r for r in revisions if r not in parents)
+    heads = graph_heads(revision_graph(versions))
     return heads[0] if len(heads) == 1 else ""
 
 
