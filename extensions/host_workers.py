@@ -474,8 +474,8 @@ def dev_regions(lines: list[str], worker: str) -> list[Region]:
 
 def work_readme_regions(lines: list[str], kind: str, worker: str) -> list[Region]:
     """`work/README.md`: the kind's line in the kinds list (``- `KIND`, ...``)."""
-    line = re.compile(rf"- `{re.escape(kind)}`[,\s]")
-    return [Region("work readme", i, i + 1) for i, l in enumerate(lines) if line.match(l)]
+    entry = re.compile(rf"- `{re.escape(kind)}`[,\s]")
+    return [Region("work readme", i, i + 1) for i, line in enumerate(lines) if entry.match(line)]
 
 
 def kinds_regions(lines: list[str], kind: str, kind_snake: str, payload_class: str) -> list[Region]:
