@@ -15,7 +15,7 @@ help:
 	@echo "make demo   render shipment-notifier into the reference host and process 200 items"
 	@echo "make test   run the template's whole test suite (sets everything up first)"
 	@echo "make bench  ours vs procrastinate and pgqueuer, held to bench/targets.json"
-	@echo "make lint   ruff over the template's own Python"
+	@echo "make lint   ruff and strict mypy over the template's own Python"
 	@echo "make release-manifest VERSION=vX.Y.Z [COMMIT=<sha>]   record a release's rendered paths"
 	@echo "make release-check   the template against those paths (also part of make test)"
 	@echo "make clean  remove scratch renders (.demo/, .cache/)"
@@ -43,6 +43,7 @@ demo: setup
 test: setup services
 	@$(UV) run --locked ruff check --quiet extensions tests scripts bench
 	@$(UV) run --locked ruff format --check --quiet extensions tests scripts bench
+	@$(UV) run --locked mypy
 	@$(UV) run --locked --quiet pytest $(PYTEST_ARGS)
 
 ## The peers (procrastinate, pgqueuer) go into their own virtualenv, never into a host's.
@@ -54,6 +55,7 @@ bench: setup services
 lint: setup
 	@$(UV) run --locked ruff check extensions tests scripts bench
 	@$(UV) run --locked ruff format --check extensions tests scripts bench
+	@$(UV) run --locked mypy
 
 ## When a release is cut: the paths that release renders for fixed sample answers, into
 ## release/manifest.json (commit it). Tags do not survive here, so the commit is explicit.

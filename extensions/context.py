@@ -29,7 +29,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from copier.errors import UserMessageError
 from copier_template_extensions import ContextHook
@@ -54,9 +54,15 @@ def _sibling(name: str) -> ModuleType:
     return module
 
 
-naming = _sibling("naming")
-hostfacts = _sibling("hostfacts")
-patcher = _sibling("patcher")
+# mypy reads the modules themselves; at run time `_sibling` loads them (see its docstring).
+if TYPE_CHECKING:
+    import hostfacts
+    import naming
+    import patcher
+else:
+    naming = _sibling("naming")
+    hostfacts = _sibling("hostfacts")
+    patcher = _sibling("patcher")
 
 REPLAY_PREFIX = "copier._main."
 
@@ -184,7 +190,7 @@ def preflight(context: dict[str, Any]) -> str:
         raise UserMessageError(
             "the host lacks what the worker's fragments need: " + "; ".join(missing)
         )
-    answers = {
+    copy_answers = {
         "worker_name": worker,
         "work_kind": kind,
         "lane": lane,
@@ -194,7 +200,7 @@ def preflight(context: dict[str, Any]) -> str:
         "namespace_absent": facts.namespace_absent,
         "migration_stamp": str((_conf(context, "data") or {}).get("migration_stamp") or "0" * 14),
     }
-    paths = patcher.touched_paths(dst, answers)
+    paths = patcher.touched_paths(dst, copy_answers)
     for problem in (symlink_problems(dst, paths), worktree_problems(dst, paths)):
         if problem:
             raise UserMessageError(problem)

@@ -79,11 +79,14 @@ class Missing(Exception):
 class SpecLike(Protocol):
     """The answers a fragment reads (extensions/patcher.py `Spec`)."""
 
-    worker_name: str
-    lane: str
-    host_root: str
-    container: bool
-
+    @property
+    def worker_name(self) -> str: ...
+    @property
+    def lane(self) -> str: ...
+    @property
+    def host_root(self) -> str: ...
+    @property
+    def container(self) -> bool: ...
     @property
     def names(self) -> dict[str, str]: ...
 
@@ -220,8 +223,8 @@ def edit_production(text: str, spec: SpecLike) -> str:
 def _published(port: Any) -> int | None:
     """The host port of one `ports` entry (short `[ip:]host:container` or long syntax)."""
     if isinstance(port, dict):
-        value = port.get("published")
-        return int(value) if str(value or "").isdigit() else None
+        value = str(port.get("published") or "")
+        return int(value) if value.isdigit() else None
     parts = str(port).split("/")[0].rsplit(":", 2)
     if len(parts) < 2:
         return None

@@ -254,9 +254,9 @@ def _discover(dst: str, fingerprint: tuple[object, ...]) -> HostFacts:
             for kind in kinds_in_module(work / module):
                 kinds.setdefault(kind, f"om/src/{root}/om/work/{module}")
     for name, answers in workers.items():
-        kind = answers.get("work_kind")
-        if isinstance(kind, str):
-            kinds[kind] = f"workers/{name}"
+        recorded = answers.get("work_kind")
+        if isinstance(recorded, str):
+            kinds[recorded] = f"workers/{name}"
     return HostFacts(
         path=path,
         problems=tuple(problems),

@@ -57,6 +57,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -119,12 +120,13 @@ class Edit:
 
     name: str
     path: str
-    edit: Any
-    create: Any = None
+    edit: Callable[[str], str]
+    create: Callable[[], str] | None = None
 
 
 class SpecLike(Protocol):
-    worker_name: str
+    @property
+    def worker_name(self) -> str: ...
 
 
 def _sibling(name: str) -> ModuleType:

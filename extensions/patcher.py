@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 def _sibling(name: str) -> ModuleType:
@@ -54,9 +54,15 @@ def _sibling(name: str) -> ModuleType:
     return module
 
 
-naming = _sibling("naming")
-hostfacts = _sibling("hostfacts")
-host_workers = _sibling("host_workers")
+# mypy reads the modules themselves; at run time `_sibling` loads them (see its docstring).
+if TYPE_CHECKING:
+    import host_workers
+    import hostfacts
+    import naming
+else:
+    naming = _sibling("naming")
+    hostfacts = _sibling("hostfacts")
+    host_workers = _sibling("host_workers")
 
 try:
     import libcst as cst
@@ -66,9 +72,14 @@ except ImportError as exc:  # pragma: no cover - depends on how copier was insta
     MISSING_DEPS: str | None = exc.name
 else:
     MISSING_DEPS = None
-    pyedit = _sibling("pyedit")
-    deploy = _sibling("deploy")
-    lifecycle = _sibling("lifecycle")
+    if TYPE_CHECKING:
+        import deploy
+        import lifecycle
+        import pyedit
+    else:
+        pyedit = _sibling("pyedit")
+        deploy = _sibling("deploy")
+        lifecycle = _sibling("lifecycle")
 
 INSTALL_HINT = (
     "install copier with the template's extras: "
@@ -227,12 +238,14 @@ def _member(name: str, value: str) -> cst.BaseStatement:
 
 def _enum_add(module: cst.Module, cls: str, name: str, value: str, where: str) -> cst.Module:
     node = _class(module, cls, where)
+    if not isinstance(node.body, cst.IndentedBlock):
+        raise Missing(f"{where}: `class {cls}` has its body on the `class` line")
     if name in pyedit.class_members(node):
         return module
     body = pyedit.insert_after_last(
         node.body.body, _member(name, value), pyedit.is_simple(cst.Assign)
     )
-    return module.deep_replace(node, node.with_changes(body=node.body.with_changes(body=body)))
+    return pyedit.replace(module, node, node.with_changes(body=node.body.with_changes(body=body)))
 
 
 def _dict_add(
@@ -252,8 +265,8 @@ def _dict_add(
     new = pyedit.dict_append(node, key, value)
     if new is node:
         return module
-    return module.deep_replace(
-        node, pyedit.explode(new) if "\n" not in module.code_for_node(node) else new
+    return pyedit.replace(
+        module, node, pyedit.explode(new) if "\n" not in module.code_for_node(node) else new
     )
 
 
@@ -290,7 +303,7 @@ def _add_method(module: cst.Module, cls: cst.ClassDef, code: str) -> cst.Module:
     assert isinstance(parsed, cst.FunctionDef)
     method = parsed.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
     body = [*cls.body.body, method]
-    return module.deep_replace(cls, cls.with_changes(body=cls.body.with_changes(body=body)))
+    return pyedit.replace(module, cls, cls.with_changes(body=cls.body.with_changes(body=body)))
 
 
 def _storage_getter(
@@ -312,7 +325,7 @@ def edit_workspace(text: str, spec: Spec, limit: int) -> str:
     """Root `pyproject.toml`: `workers/<name>` in `[tool.uv.workspace] members`."""
     doc = tomlkit.parse(text)
     try:
-        members = doc["tool"]["uv"]["workspace"]["members"]  # type: ignore[index]
+        members = doc["tool"]["uv"]["workspace"]["members"]
     except KeyError as exc:
         raise Missing("pyproject.toml: no `members` array in [tool.uv.workspace]") from exc
     member = f"workers/{spec.worker_name}"
@@ -329,7 +342,7 @@ def edit_tenantless(text: str, spec: Spec, limit: int) -> str:
     """
     doc = tomlkit.parse(text)
     try:
-        tenantless = doc["tool"]["arch-check"]["options"]["CTX-12"]["tenantless"]  # type: ignore[index]
+        tenantless = doc["tool"]["arch-check"]["options"]["CTX-12"]["tenantless"]
     except KeyError as exc:
         raise Missing(
             "pyproject.toml: no `tenantless` array in [tool.arch-check.options.CTX-12]"
@@ -495,7 +508,9 @@ def edit_sql_root(text: str, spec: Spec, limit: int) -> str:
         ]
         at = cached[-1] + 1 if cached else getters[0]
         items.insert(at, prop)
-        module = module.deep_replace(cls, cls.with_changes(body=cls.body.with_changes(body=items)))
+        module = pyedit.replace(
+            module, cls, cls.with_changes(body=cls.body.with_changes(body=items))
+        )
         cls = _class(module, "SqlStorageRoot", where)
     doc = '    """The `work` namespace\'s storage, built for the funnel\'s dialect."""\n'
     module = _add_method(
@@ -529,8 +544,8 @@ def edit_memory_root(text: str, spec: Spec, limit: int) -> str:
         lambda s: pyedit.is_simple(cst.Assign)(s) and "self._" in cst.Module([]).code_for_node(s),
     )
     new_init = init.with_changes(body=init.body.with_changes(body=body))
-    cls2 = cls.deep_replace(init, new_init)
-    module = module.deep_replace(cls, cls2)
+    cls2 = pyedit.replace(cls, init, new_init)
+    module = pyedit.replace(module, cls, cls2)
     cls2 = _class(module, "MemoryStorageRoot", where)
     doc = '    """The memory work storage this root keeps."""\n' if documented else ""
     module = _add_method(
@@ -564,6 +579,8 @@ def edit_om_root(text: str, spec: Spec, limit: int) -> str:
     where = f"{spec.om}/root.py"
     module = _parse(text, where)
     managers = _class(module, "Managers", where)
+    if not isinstance(managers.body, cst.IndentedBlock):
+        raise Missing(f"{where}: `class Managers` has its body on the `class` line")
     fn = pyedit.find_function(module.body, "build_managers")
     if fn is None or not isinstance(fn.body, cst.IndentedBlock):
         raise Missing(f"{where}: no top-level `def build_managers(storage, infra)`")
@@ -599,8 +616,8 @@ def edit_om_root(text: str, spec: Spec, limit: int) -> str:
                 last_field = i
         at = min(at, last_field + 1) if last_field >= 0 else at
         items.insert(at, field)
-        module = module.deep_replace(
-            managers, managers.with_changes(body=managers.body.with_changes(body=items))
+        module = pyedit.replace(
+            module, managers, managers.with_changes(body=managers.body.with_changes(body=items))
         )
         fn = pyedit.find_function(module.body, "build_managers")
         assert fn is not None and isinstance(fn.body, cst.IndentedBlock)
@@ -629,12 +646,12 @@ def edit_om_root(text: str, spec: Spec, limit: int) -> str:
         for i, s in enumerate(body):
             small = s.body[0] if isinstance(s, cst.SimpleStatementLine) else None
             value = getattr(small, "value", None)
-            if _call_name(value) == callee:
+            if isinstance(value, cst.Call) and _call_name(value) == callee:
                 new_call = pyedit.call_add_kwarg(value, "work", "work")
                 if new_call is not value:
-                    new_stmt = s.deep_replace(value, new_call)
+                    new_stmt = pyedit.replace(s, value, new_call)
                     body[i] = pyedit.fit(module, new_stmt, _find_call(new_stmt, callee), 4, limit)
-    module = module.deep_replace(fn, fn.with_changes(body=fn.body.with_changes(body=body)))
+    module = pyedit.replace(module, fn, fn.with_changes(body=fn.body.with_changes(body=body)))
     module = _import(module, f"{spec.pkg}.work", "WorkManagerInterface", limit, where)
     module = _import(module, f"{spec.pkg}.work.impl.manager", "WorkManagerImpl", limit, where)
     return module.code
@@ -688,14 +705,14 @@ def edit_relay(text: str, spec: Spec, limit: int) -> str:
         new_init = _explode_params(init.with_changes(params=new_params))
         assign = pyedit.stmt("self._work = work\n")
         body = pyedit.insert_after_last(
-            new_init.body.body,  # type: ignore[union-attr]
+            init.body.body,  # `_explode_params` changes the parameters only
             assign,
             lambda s: (
                 pyedit.is_simple(cst.Assign)(s) and "self._" in cst.Module([]).code_for_node(s)
             ),
         )
-        new_init = new_init.with_changes(body=new_init.body.with_changes(body=body))
-        new_cls = new_cls.deep_replace(init, new_init)
+        new_init = new_init.with_changes(body=init.body.with_changes(body=body))
+        new_cls = pyedit.replace(new_cls, init, new_init)
     if 'startswith("work.")' not in module.code_for_node(dispatch):
         branch = pyedit.stmt(
             f'if {row}.kind.startswith("work."):\n'
@@ -703,16 +720,16 @@ def edit_relay(text: str, spec: Spec, limit: int) -> str:
             "    return\n"
         )
         items = list(dispatch.body.body)
-        branch = branch.with_changes(leading_lines=items[-1].leading_lines)
+        branch = branch.with_changes(leading_lines=dispatch.body.body[-1].leading_lines)
         items.insert(len(items) - 1, branch)
         current = pyedit.find_function(new_cls.body.body, "_dispatch")
         assert current is not None
-        new_cls = new_cls.deep_replace(
-            current, current.with_changes(body=current.body.with_changes(body=items))
+        new_cls = pyedit.replace(
+            new_cls, current, current.with_changes(body=current.body.with_changes(body=items))
         )
     if new_cls is cls:
         return text
-    module = module.deep_replace(cls, new_cls)
+    module = pyedit.replace(module, cls, new_cls)
     module = _import(module, f"{spec.pkg}.work", "WorkManagerInterface", limit, where)
     return module.code
 
@@ -796,9 +813,12 @@ def edit_request_stage(text: str, spec: Spec, limit: int) -> str:
     for method in REQUEST_STAGE:
         if isinstance(sample, cst.SimpleString):
             inner = sample.evaluated_value
-            prefix = f"{spec.pkg}.work." if inner.count(".") > 1 else ""
+            # a bytes literal (b"...") is the host's choice: the new entries are bytes too
+            dots = inner.count(".") if isinstance(inner, str) else inner.count(b".")
+            prefix = f"{spec.pkg}.work." if dots > 1 else ""
+            bytes_prefix = sample.prefix if isinstance(inner, bytes) else ""
             quote = sample.quote
-            entry = f"{quote}{prefix}WorkManagerInterface.{method}{quote}"
+            entry = f"{bytes_prefix}{quote}{prefix}WorkManagerInterface.{method}{quote}"
         elif isinstance(sample, cst.Tuple):
             entry = f'(WorkManagerInterface, "{method}")'
         else:
@@ -807,7 +827,7 @@ def edit_request_stage(text: str, spec: Spec, limit: int) -> str:
     if new is literal:
         return text
     exploded = "\n" in module.code_for_node(literal)
-    module = module.deep_replace(literal, new if exploded else pyedit.explode(new))
+    module = pyedit.replace(module, literal, new if exploded else pyedit.explode(new))
     if not isinstance(sample, cst.SimpleString):
         module = _import(module, f"{spec.pkg}.work", "WorkManagerInterface", limit, where)
     return module.code
@@ -935,7 +955,7 @@ def fragments(spec: Spec) -> list[Fragment]:
     else:
         plan.append(Fragment("work readme", lambda s: f"{om}/work/README.md", edit_work_readme))
     plan += [
-        Fragment(edit.name, lambda s, path=edit.path: path, _deploy_edit(edit.edit))
+        Fragment(edit.name, _fixed_path(edit.path), _deploy_edit(edit.edit))
         for edit in deploy.fragments(spec, WORKER_SETTINGS)
     ]
     # The host's update helpers: scripts/workers.py, the Makefile targets, the CI job
@@ -943,13 +963,23 @@ def fragments(spec: Spec) -> list[Fragment]:
     plan += [
         Fragment(
             edit.name,
-            lambda s, path=edit.path: path,
+            _fixed_path(edit.path),
             _lifecycle_edit(edit.edit),
-            create=(lambda s, make=edit.create: make()) if edit.create else None,
+            create=_lifecycle_create(edit.create) if edit.create else None,
         )
         for edit in lifecycle.fragments(spec)
     ]
     return plan
+
+
+def _fixed_path(path: str) -> Callable[[Spec], str]:
+    """A fragment's `path` that is the same for every spec."""
+    return lambda spec: path
+
+
+def _lifecycle_create(make: Callable[[], str]) -> Callable[[Spec], str]:
+    """A lifecycle fragment's content when its file is absent, as a patcher `create`."""
+    return lambda spec: make()
 
 
 def _lifecycle_edit(edit: Callable[[str], str]) -> Callable[[str, Spec, int], str]:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from typing import TypeVar, cast
 
 import libcst as cst
 
 INDENT = "    "
+
+NodeT = TypeVar("NodeT", bound=cst.CSTNode)
 
 
 class EditError(Exception):
@@ -30,12 +33,18 @@ def expr(code: str) -> cst.BaseExpression:
     return cst.parse_expression(code)
 
 
-def stmt(code: str) -> cst.BaseStatement:
+def stmt(code: str) -> cst.SimpleStatementLine | cst.BaseCompoundStatement:
     return cst.parse_statement(code)
 
 
 def code_of(module: cst.Module, node: cst.CSTNode) -> str:
     return module.code_for_node(node)
+
+
+def replace(tree: NodeT, old: cst.CSTNode, new: cst.CSTNode) -> NodeT:
+    """`tree` with `old`, a node inside it (never `tree` itself), replaced by `new`."""
+    # libcst types the result `tree`'s type | `new`'s: the latter only when `old` is `tree`.
+    return cast(NodeT, tree.deep_replace(old, new))
 
 
 def _nl_ws(last_line: str) -> cst.ParenthesizedWhitespace:
@@ -86,7 +95,7 @@ def _append_elements(
         if hasattr(new, "comma"):
             new = new.with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return [*elements, new], opening_ws, False
-    between = _nl_ws(INDENT)
+    between: cst.BaseParenthesizableWhitespace = _nl_ws(INDENT)
     for el in elements[:-1]:
         ws = _comma_ws(el)
         if ws is not None and _is_exploded(ws):
@@ -106,6 +115,7 @@ def _append_elements(
 
 def explode(node: cst.CSTNode) -> cst.CSTNode:
     """One element per line with a magic trailing comma (Dict, List, Set, Tuple, Call)."""
+    items: list[cst.CSTNode]
     if isinstance(node, cst.Call):
         items = list(node.args)
     elif isinstance(node, cst.Dict | cst.List | cst.Set | cst.Tuple):
@@ -155,7 +165,9 @@ def dict_append(node: cst.Dict, key: str, value: str) -> cst.Dict:
     )
 
 
-def sequence_append(node: cst.List | cst.Set | cst.Tuple, value: str) -> cst.CSTNode:
+def sequence_append(
+    node: cst.List | cst.Set | cst.Tuple, value: str
+) -> cst.List | cst.Set | cst.Tuple:
     """A list, set or tuple literal with `value` appended; unchanged if already present."""
     value_node = expr(value)
     if any(el.value.deep_equals(value_node) for el in node.elements):
@@ -207,7 +219,7 @@ def fit(
         return statement
     if any(isinstance(ws, cst.ParenthesizedWhitespace) for ws in _bracket_ws(target)):
         return statement
-    return statement.deep_replace(target, explode(target))  # type: ignore[return-value]
+    return replace(statement, target, explode(target))
 
 
 def _bracket_ws(node: cst.CSTNode) -> list[cst.BaseParenthesizableWhitespace]:

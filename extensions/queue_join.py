@@ -33,6 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 VERSIONS = Path("om/migrations/versions/queue")
 LINE_LENGTH = 100  # the host's ruff line length (docs/host-contract.md)
@@ -53,7 +54,11 @@ def _sibling(name: str) -> ModuleType:
     return module
 
 
-hostfacts = _sibling("hostfacts")
+# mypy reads the modules themselves; at run time `_sibling` loads them (see its docstring).
+if TYPE_CHECKING:
+    import hostfacts
+else:
+    hostfacts = _sibling("hostfacts")
 
 
 def template_files(versions: Path, stamp: str) -> list[Path]:

@@ -325,3 +325,19 @@ def test_cli_applies_in_the_real_host(host: Path) -> None:
     once = snapshot(host)
     assert patcher.main([*args[:1], "update", *args[2:]]) == 0
     assert snapshot(host) == once
+
+
+def test_request_stage_keeps_bytes_entries_bytes() -> None:
+    text = 'REQUEST_STAGE_METHODS = {b"acme.om.tenancy.TenancyManagerInterface.create_org"}\n'
+    once = patcher.edit_request_stage(text, FIRST, 100)
+    assert 'b"acme.om.work.WorkManagerInterface.claim",' in once
+    assert '    "' not in once  # no str entry among the bytes ones
+    assert patcher.edit_request_stage(once, FIRST, 100) == once
+
+
+def test_one_line_class_body_is_named() -> None:
+    text = 'from enum import StrEnum\n\n\nclass CacheScope(StrEnum): A = "a"\n'
+    with pytest.raises(
+        patcher.Missing, match="`class CacheScope` has its body on the `class` line"
+    ):
+        patcher.edit_cache(text, FIRST, 100)
