@@ -473,8 +473,9 @@ def dev_regions(lines: list[str], worker: str) -> list[Region]:
 
 
 def work_readme_regions(lines: list[str], kind: str, worker: str) -> list[Region]:
-    """`work/README.md`: the kind's line in the kinds list (``- `KIND`, ...``)."""
-    entry = re.compile(rf"- `{re.escape(kind)}`[,\s]")
+    """`work/README.md`: the kind's line in the kinds list (``- `KIND`, ... `worker` ...``:
+    a rename briefly lists the kind twice, once per worker name)."""
+    entry = re.compile(rf"- `{re.escape(kind)}`[,\s].*`{re.escape(worker)}`")
     return [Region("work readme", i, i + 1) for i, line in enumerate(lines) if entry.match(line)]
 
 
