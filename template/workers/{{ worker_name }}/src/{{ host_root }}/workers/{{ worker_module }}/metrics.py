@@ -3,7 +3,7 @@
 Every metric lives on one `CollectorRegistry` the caller owns (a fresh one per test, the
 process registry in production), so two loops in one process never collide. Durations are
 histograms in seconds; counters carry the item's `kind`, gauges the queue `lane` (and the
-kind, for the oldest available age).
+kind, for the oldest available age); the wake-up metrics carry the `channel`.
 The template's docs/operations.md, "Metrics", lists every series and the alerts on them.
 Names start with `worker_`: the work manager's own counters (`work_*`, on the default
 registry) count the queue's side of the same events.
