@@ -81,6 +81,7 @@ WORKER_FILES = [
     f"{PKG}/main.py",
     f"{WORKER}/tests/test_handler.py",
     f"{WORKER}/tests/test_loop.py",
+    f"{WORKER}/tests/test_wake_ups.py",
     f"{WORKER}/tests/test_container.py",
     f"{WORKER}/tests/test_main.py",
     f"{WORK}/enqueuers/notify_shipment.py",

@@ -3,7 +3,7 @@
 Every metric lives on one `CollectorRegistry` the caller owns (a fresh one per test, the
 process registry in production), so two loops in one process never collide. Durations are
 histograms in seconds; counters carry the item's `kind`, gauges the queue `lane` (and the
-kind, for the oldest available age).
+kind, for the oldest available age); the wake-up metrics carry the `channel`.
 The template's docs/operations.md, "Metrics", lists every series and the alerts on them.
 Names start with `worker_`: the work manager's own counters (`work_*`, on the default
 registry) count the queue's side of the same events.
@@ -15,6 +15,27 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_RENEWAL_GAP_BUCKETS = (
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+
+WAKE_UP_CHANNELS = ("topic", "database")
+"""The `channel` label of the wake-up metrics: `topic` is the host's `WORK_AVAILABLE` topic
+(Redis pub/sub in production), `database` the PostgreSQL `LISTEN` on the queue's own
+NOTIFY channel."""
 
 
 class WorkerMetrics:
@@ -52,10 +73,55 @@ class WorkerMetrics:
             ["kind", "reason"],
             registry=registry,
         )
+        self.renewals = Counter(
+            "worker_lease_renewals",
+            "Lease renewals that succeeded",
+            ["kind"],
+            registry=registry,
+        )
+        self.renewal_gap = Histogram(
+            "worker_lease_renewal_gap_seconds",
+            "Time between two successful renewals of one lease (the first from the handler's "
+            "start), seconds; the worker fences itself once it reaches half the lease",
+            ["kind"],
+            buckets=_RENEWAL_GAP_BUCKETS,
+            registry=registry,
+        )
         self.renewals_failed = Counter(
             "worker_lease_renewals_failed",
             "Lease renewals that failed or timed out (retried until half the lease passed)",
             ["kind"],
+            registry=registry,
+        )
+        self.claim_failures = Counter(
+            "worker_claim_failures",
+            "Claims that raised (retried after the poll interval)",
+            registry=registry,
+        )
+        self.completions_failed = Counter(
+            "worker_completions_failed",
+            "Completions that could not be written (the item stays claimed until the sweep "
+            "hands it back after its lease)",
+            ["kind"],
+            registry=registry,
+        )
+        self.unwritten_recovered = Counter(
+            "worker_unwritten_recovered",
+            "Items whose final write this worker could not make (reason: completion_failed, "
+            "failure_unrecorded) that a sweep later handed back after their lease",
+            ["kind", "reason"],
+            registry=registry,
+        )
+        self.wake_up_channel_up = Gauge(
+            "worker_wake_up_channel_up",
+            "1 while the loop is subscribed to its wake-up channel, 0 while it resubscribes",
+            ["channel"],
+            registry=registry,
+        )
+        self.wake_up_resubscriptions = Counter(
+            "worker_wake_up_resubscriptions",
+            "Wake-up subscriptions re-established after a loss (or a failed first try)",
+            ["channel"],
             registry=registry,
         )
         self.heartbeat_failures = Counter(
