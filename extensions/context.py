@@ -69,6 +69,11 @@ else:
 REPLAY_PREFIX = "copier._main."
 
 
+def _yaml() -> Any:
+    """PyYAML, copier's own dependency (imported by name: mypy needs no stubs for it)."""
+    return importlib.import_module("yaml")
+
+
 def _conf(context: dict[str, Any], key: str) -> Any:
     conf = context.get("_copier_conf")
     if conf is None:
@@ -430,9 +435,7 @@ def worker_folder(context: dict[str, Any], dst: Path, host: Path) -> None:
 def computed_questions(config: Path) -> frozenset[str]:
     """The questions of the template config `config` (copier.yml) that are never asked
     (`ask: false`): their values come from their defaults, which the root copy computes."""
-    import yaml
-
-    data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    data = _yaml().safe_load(config.read_text(encoding="utf-8")) or {}
     return frozenset(
         key
         for key, spec in data.items()
@@ -543,8 +546,7 @@ FIXED = ("host_root", "namespace_absent", "migration_stamp", "metrics_port", "qu
 
 def _recorded_answers(path: Path) -> dict[str, Any] | None:
     """The answers file of the worker being updated; None on a copy (no such file yet)."""
-    import yaml
-
+    yaml = _yaml()
     if not path.is_file():
         return None
     try:
