@@ -57,14 +57,21 @@ def _sibling(name: str) -> ModuleType:
 # mypy reads the modules themselves; at run time `_sibling` loads them (see its docstring).
 if TYPE_CHECKING:
     import hostfacts
+    import launch
     import naming
     import patcher
 else:
     naming = _sibling("naming")
     hostfacts = _sibling("hostfacts")
     patcher = _sibling("patcher")
+    launch = _sibling("launch")
 
 REPLAY_PREFIX = "copier._main."
+
+
+def _yaml() -> Any:
+    """PyYAML, copier's own dependency (imported by name: mypy needs no stubs for it)."""
+    return importlib.import_module("yaml")
 
 
 def _conf(context: dict[str, Any], key: str) -> Any:
@@ -89,6 +96,46 @@ def is_replay_folder(path: Path) -> bool:
     )
 
 
+def launch_host(dst: Path) -> Path | None:
+    """The folder the copy form renders into: `<host>` for a destination `<host>/workers/<x>`
+    that is not itself a host root (a host may live in a folder named `workers`); None for
+    every other destination. Whether `<host>` is a host root is the preflight's check.
+
+    The answer picks copier.yml's `_subdirectory` (`launcher`, which renders nothing, when
+    not None) and runs its launch task (extensions/launch.py). It is the same for an update
+    replay of such a folder (`copier._main.old_copy.*/workers/<x>`), so all three passes of
+    an update pick the same subtree.
+    """
+    parent: Path | None = launch.worker_parent(dst)
+    if parent is None or hostfacts.discover_host(dst).is_host:
+        return None
+    return parent
+
+
+def target(context: dict[str, Any]) -> Path:
+    """The folder the checks and host facts read: the host root of the copy form
+    (`launch_host`), else the destination; an update replay is always its own folder."""
+    dst = destination(context)
+    host = None if is_replay_folder(dst) else launch_host(dst)
+    return dst if host is None else host
+
+
+def copier_operation() -> str | None:
+    """'copy' or 'update': the operation copier runs, None when this copier does not say.
+
+    Copier 9.19.1 gives `_copier_operation` to tasks, migrations and `_exclude` only; the
+    context hook reads the context variable copier sets for them (`copier._main._operation`,
+    private: a copier that renames it gives None, and the callers then refuse in one line).
+    The update's replays and its real pass all see 'update'.
+    """
+    try:
+        from copier._main import _operation
+    except ImportError:
+        return None
+    value = _operation.get(None)
+    return str(value) if value else None
+
+
 def preflight(context: dict[str, Any]) -> str:
     """Check the answers and the host; return the host's package root.
 
@@ -103,7 +150,7 @@ def preflight(context: dict[str, Any]) -> str:
     leaves the host, and a destination that is not a git work tree or whose files the copy
     writes or patches have uncommitted changes (the copy is all or nothing).
     """
-    dst = destination(context)
+    dst = target(context)
     recorded = context.get("host_root") or (_conf(context, "data") or {}).get("host_root")
     if is_replay_folder(dst) or str(context.get("_copier_phase", "prompt")) != "prompt":
         return str(recorded or "")
@@ -204,7 +251,7 @@ def preflight(context: dict[str, Any]) -> str:
     for problem in (symlink_problems(dst, paths), worktree_problems(dst, paths)):
         if problem:
             raise UserMessageError(problem)
-    return facts.root
+    return str(facts.root)
 
 
 def symlink_problems(dst: Path, paths: list[str]) -> str:
@@ -332,15 +379,12 @@ def fixed_answer_problems(given: dict[str, Any], facts: Any) -> list[str]:
     return problems
 
 
-@lru_cache(maxsize=32)
 def _inside_worker_folder(dst: Path) -> Path | None:
     """The host root when `dst` is a rendered worker's folder (`<host>/workers/<name>` with
     its answers file), else None.
 
-    `copier update` run there renders into the worker folder, changes nothing and exits 0
-    (copier-facts §2). Raising here turns that into a refusal with nothing written. Copier
-    9.19.1 swallows the message while it loads the recorded answers and reports
-    `Question "worker_name" is required` (exit 1) instead; docs/updating.md says so.
+    Left to itself, `copier update` run there would render into the worker folder, change
+    nothing and exit 0 (copier-facts §2); `worker_folder` hands over or refuses instead.
     """
     if not (dst / hostfacts.ANSWERS_NAME).is_file() or dst.parent.name != "workers":
         return None
@@ -348,8 +392,103 @@ def _inside_worker_folder(dst: Path) -> Path | None:
     return host if hostfacts.discover_host(host).is_host else None
 
 
+def worker_folder(context: dict[str, Any], dst: Path, host: Path) -> None:
+    """Copier runs with a worker's folder as its destination: never returns.
+
+    On `copier update` (run in `workers/<x>`, or `copier update workers/<x>` from the host
+    root) it runs the root update of that worker with the same options and ends the process
+    with its exit code (launch.py `hand_over_update`, `SystemExit`). On `copier copy` it
+    raises `UserMessageError`: the worker exists, and the line names the update command.
+    With a copier that does not tell the operation, the same one line names the update.
+    """
+    answers = f"workers/{dst.name}/{hostfacts.ANSWERS_NAME}"
+    operation = copier_operation()
+    if operation == "update":
+        command = launch.update_command(
+            answers_file=answers,
+            given=dict(_conf(context, "data") or {}),
+            ref=None if _conf(context, "vcs_ref") is None else str(_conf(context, "vcs_ref")),
+            defaults=bool(_conf(context, "defaults")),
+            skip_answered=bool(_conf(context, "skip_answered")),
+            conflict=_conf(context, "conflict"),
+            context_lines=_conf(context, "context_lines"),
+            pretend=bool(_conf(context, "pretend")),
+            skip_tasks=bool(_conf(context, "skip_tasks")),
+            prereleases=bool(_conf(context, "use_prereleases")),
+            exclude=_conf(context, "exclude"),
+            skip_if_exists=_conf(context, "skip_if_exists"),
+        )
+        launch.hand_over_update(host, dst.name, command)
+    update = f"cd {host} && copier update --trust --defaults -a {answers}"
+    if operation == "copy":
+        raise UserMessageError(
+            f"worker {dst.name!r} already exists ({answers}); to bring it to a newer "
+            f"template version run: {update}"
+        )
+    raise UserMessageError(
+        f"{dst} is a worker folder: copier must run from the host root, with the "
+        f"worker's answers file. Run instead: {update}"
+    )
+
+
+@lru_cache(maxsize=4)
+def computed_questions(config: Path) -> frozenset[str]:
+    """The questions of the template config `config` (copier.yml) that are never asked
+    (`ask: false`): their values come from their defaults, which the root copy computes."""
+    data = _yaml().safe_load(config.read_text(encoding="utf-8")) or {}
+    return frozenset(
+        key
+        for key, spec in data.items()
+        if not str(key).startswith("_") and isinstance(spec, dict) and spec.get("ask") is False
+    )
+
+
+def launch_plan(context: dict[str, Any]) -> str:
+    """The launch task's argument for the copy form (launch.py `copy_plan`, JSON).
+
+    Holds the template as the user gave it (`_copier_answers._src_path`), the commit this
+    copy rendered (`_copier_conf.vcs_ref_hash`; `HEAD` again for a local template copied
+    with `-r HEAD`, whose uncommitted changes copier adds), every answer given (`-d`, as typed) or
+    asked, the host root, the folder copier runs in, and copier's options that a copy
+    passes on. Raises `UserMessageError` outside the copy form.
+    """
+    dst = destination(context)
+    host = launch_host(dst)
+    if host is None:
+        raise UserMessageError(f"{dst} is not a folder under workers/ of a host root")
+    given = dict(_conf(context, "data") or {})
+    recorded = dict(context.get("_copier_answers") or {})
+    computed = computed_questions(Path(str(_conf(context, "src_path"))) / "copier.yml")
+    answers: dict[str, object] = {
+        key: value
+        for key, value in recorded.items()
+        if not key.startswith("_") and key not in computed
+    }
+    answers.update(given)
+    src = str(recorded.get("_src_path") or _conf(context, "src_path"))
+    ref = _conf(context, "vcs_ref_hash")
+    if str(_conf(context, "vcs_ref")) == "HEAD" and Path(src).expanduser().is_dir():
+        # copier adds a local template's uncommitted changes for `-r HEAD` only, as a commit
+        # in its own temporary clone: the root copy asks for them the same way
+        ref = "HEAD"
+    plan: str = launch.copy_plan(
+        src=src,
+        ref=ref,
+        host=host,
+        cwd=Path.cwd(),
+        answers=answers,
+        quiet=bool(_conf(context, "quiet")),
+        overwrite=bool(_conf(context, "overwrite")),
+        prereleases=bool(_conf(context, "use_prereleases")),
+        exclude=_conf(context, "exclude"),
+        skip_if_exists=_conf(context, "skip_if_exists"),
+    )
+    return plan
+
+
 class ContextUpdater(ContextHook):
-    """Adds the derived names, `_host` and `_preflight` to every render's context."""
+    """Adds the derived names, `_host`, `_launch` and the helpers copier.yml calls
+    (`_preflight`, `_required`, `_launch_plan`) to every render's context."""
 
     def hook(self, context: dict[str, Any]) -> None:
         context.update(
@@ -359,25 +498,40 @@ class ContextUpdater(ContextHook):
             )
         )
         dst = destination(context)
-        host = None if is_replay_folder(dst) else _inside_worker_folder(dst)
+        replay = is_replay_folder(dst)
+        # Tasks and the closing message come after the checks: the copy form's root copy has
+        # written workers/<x>/.copier-answers.yml by the time copier renders its message.
+        before_tasks = str(context.get("_copier_phase", "prompt")) not in ("tasks", "undefined")
+        host = _inside_worker_folder(dst) if before_tasks and not replay else None
         if host is not None:
-            raise UserMessageError(
-                f"{dst} is a worker folder: copier must run from the host root, with the "
-                f"worker's answers file. Run instead: cd {host} && copier update --trust "
-                f"--defaults -a {dst.relative_to(host)}/{hostfacts.ANSWERS_NAME}"
-            )
-        if not is_replay_folder(dst):
-            problems = given_answer_problems(context, dst)
+            worker_folder(context, dst, host)
+        context["_launch_host"] = str(launch_host(dst) or "")
+        context["_launch"] = bool(context["_launch_host"])
+        checked = target(context)
+        if not replay:
+            if context["_launch"] and _conf(context, "skip_tasks"):
+                raise UserMessageError(
+                    f"copier copy into workers/{dst.name} runs the copy as a task: drop "
+                    "--skip-tasks (with it nothing would be copied)"
+                )
+            problems = given_answer_problems(context, checked)
             if problems:
                 raise UserMessageError("; ".join(problems))
-        context["_host"] = hostfacts.discover_host(dst)
+        context["_host"] = hostfacts.discover_host(checked)
         context["_preflight"] = lambda: preflight(context)
         context["_required"] = lambda question: required(context, question)
+        context["_launch_plan"] = lambda: launch_plan(context)
 
 
 def required(context: dict[str, Any], question: str) -> str:
     """The default of a question without one: '' when copier prompts (the prompt then asks),
-    a one-line refusal with `--defaults` (copier would raise `Question ... is required`)."""
+    a one-line refusal with `--defaults` (copier would raise `Question ... is required`).
+
+    `worker_name` has one in the copy form: the destination's name (`workers/<x>` gives x).
+    """
+    dst = destination(context)
+    if question == "worker_name" and not is_replay_folder(dst) and launch_host(dst):
+        return dst.name
     if _conf(context, "defaults"):
         example = {"worker_name": "shipment-notifier", "work_kind": "NOTIFY_SHIPMENT"}
         raise UserMessageError(
@@ -392,8 +546,7 @@ FIXED = ("host_root", "namespace_absent", "migration_stamp", "metrics_port", "qu
 
 def _recorded_answers(path: Path) -> dict[str, Any] | None:
     """The answers file of the worker being updated; None on a copy (no such file yet)."""
-    import yaml
-
+    yaml = _yaml()
     if not path.is_file():
         return None
     try:

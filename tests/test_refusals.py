@@ -150,7 +150,7 @@ def test_a_copy_that_fails_after_rendering_is_put_back(
     render(host)
     assert len(tree_state(host).splitlines()) > 30
 
-    def broken(*args: Any) -> list[str]:
+    def broken(*args: Any, **kwargs: Any) -> list[str]:
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(patcher, "apply", broken)

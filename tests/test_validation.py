@@ -82,17 +82,19 @@ def test_pyproject_without_workspace_is_named(
     assert "pyproject.toml has no [tool.uv.workspace] table" in refused(render, host)
 
 
-def test_worker_folder_as_destination_names_the_command(
+def test_a_folder_inside_the_host_names_the_command(
     make_host: Callable[..., Path], render: Callable[..., Any]
 ) -> None:
+    """Any folder inside the host but `workers/<name>` (tests/test_copy_form.py: that one
+    renders the worker into the host root)."""
     host = make_host(REFERENCE_HOST)
     with pytest.raises(UserMessageError) as caught:
-        render(host / "workers" / "shipment-notifier")
+        render(host / "services" / "shipment-notifier")
     message = str(caught.value)
     assert f"cd {host} && copier copy --trust --defaults " in message
     assert " . -d worker_name=shipment-notifier -d work_kind=NOTIFY_SHIPMENT" in message
     assert tree_state(host) == ""
-    assert not (host / "workers").exists()
+    assert not (host / "services" / "shipment-notifier").exists()
 
 
 def test_existing_worker_is_refused_with_the_update_command(
