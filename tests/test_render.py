@@ -67,9 +67,19 @@ NAMESPACE_FILES = [
     f"{WORK}/enqueuers/__init__.py",
 ]
 MIGRATION_PATTERNS = [
-    r"om/migrations/sql/queue/\d{14}_work_items\.up\.sql",
-    r"om/migrations/sql/queue/\d{14}_work_items\.down\.sql",
-    r"om/migrations/versions/queue/\d{14}_work_items\.py",
+    rf"om/migrations/{path}"
+    for name in (
+        "work_items",
+        "work_items_claim_paths",
+        "work_items_payload_object",
+        "work_items_payload_checked",
+        "work_items_audit_owed",
+    )
+    for path in (
+        rf"sql/queue/\d{{14}}_{name}\.up\.sql",
+        rf"sql/queue/\d{{14}}_{name}\.down\.sql",
+        rf"versions/queue/\d{{14}}_{name}\.py",
+    )
 ]
 WORKER_FILES = [
     f"{WORKER}/pyproject.toml",

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from functools import cache
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 
 class WorkMetrics:
     """Counters the work manager moves, labelled by kind (and by reason or operation).
 
     `dead_letters` counts every item failed for good, with `reason` `attempts` (the last
-    attempt failed), `lease` (the sweep found it out of attempts) or `tenant` (its tenant
-    is gone); `fencing_conflicts` counts writes refused because the claim token no
-    longer matched, by `operation`. Build one per registry: a second set on the same
-    registry raises `ValueError` (duplicated time series); `default_metrics()` holds the
-    process-wide one on the default registry.
+    attempt failed), `lease` (the sweep found it out of attempts), `tenant` (its tenant
+    is gone) or `unreadable` (a claimed row the model refuses); `fencing_conflicts` counts
+    writes refused because the claim token no longer matched, by `operation`.
+    `dead_letters_unaudited` is a gauge: the dead letters, across tenants, whose audit entry
+    is not written yet, as the last `queue_stats` counted them (each sweep pass). Build one
+    per registry: a second set on the same registry raises `ValueError` (duplicated time
+    series); `default_metrics()` holds the process-wide one on the default registry.
     """
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
@@ -50,6 +52,12 @@ class WorkMetrics:
             "work_fencing_conflicts",
             "Writes refused because the claim token no longer matched.",
             ["operation"],
+            registry=registry,
+        )
+        self.dead_letters_unaudited = Gauge(
+            "work_dead_letters_unaudited",
+            "Dead letters whose audit entry is not written yet (refreshed by each sweep).",
+            ["kind"],
             registry=registry,
         )
 
