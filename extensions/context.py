@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import re
 import sys
 from functools import lru_cache
@@ -340,6 +341,25 @@ def derived_collisions(dst: Path, facts: Any, worker: str, kind: str) -> list[st
     return problems
 
 
+def rename_collisions(dst: Path, facts: Any, old: str, new: str) -> list[str]:
+    """What a rename of `old` to `new` would clash with, as a copy of `new` checks it: the
+    image, distribution and settings prefix the host has (`hostfacts.name_collisions`), and
+    the settings variables another worker (not `old`) reads."""
+    problems = [
+        f"worker_name {new!r} collides with what the host has: {problem}; choose another name"
+        for problem in hostfacts.name_collisions(dst, facts.root, new)
+    ]
+    mine = naming.setting_variables(new, patcher.WORKER_SETTINGS)
+    for other in sorted(w for w in facts.workers if w != old):
+        shared = mine & naming.setting_variables(other, patcher.WORKER_SETTINGS)
+        if shared:
+            problems.append(
+                f"worker_name {new!r} reads the settings variable {min(shared)} that "
+                f"the worker {other!r} reads too; choose another name"
+            )
+    return problems
+
+
 STAMP = re.compile(r"\d{14}")
 
 
@@ -556,6 +576,11 @@ def _recorded_answers(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+# Set by the host helper's rename (`scripts/workers.py rename old new`) to `old>new` while it
+# runs `copier update -d worker_name=new`: the one update that may change the name.
+RENAME_ENV = "WORKER_TEMPLATE_RENAME"
+
+
 def given_answer_problems(context: dict[str, Any], dst: Path) -> list[str]:
     """The rules the answers given with `-d`/`--data-file` break, on every operation.
 
@@ -586,12 +611,24 @@ def given_answer_problems(context: dict[str, Any], dst: Path) -> list[str]:
                 f"{_conf(context, 'answers_file')}), not answered: drop -d {key}={given[key]}"
             )
     old_kind = recorded.get("work_kind") if recorded is not None else None
-    if recorded is not None and "work_kind" in given and str(given["work_kind"]) != str(old_kind):
+    changed_kind = "work_kind" in given and str(given["work_kind"]) != str(old_kind)
+    if recorded is not None and changed_kind and copier_operation() != "copy":
         problems.append(
             f"work_kind cannot change at update: items queued as {old_kind} would be claimed "
             f"by no worker; add a worker for {given['work_kind']} with copier copy, drain or "
             f"discard the {old_kind} items, then make remove-worker NAME={recorded['worker_name']}"
         )
+    old_name = recorded.get("worker_name") if recorded is not None else None
+    renamed = "worker_name" in given and str(given["worker_name"]) != str(old_name)
+    renaming = os.environ.get(RENAME_ENV) == f"{old_name}>{given.get('worker_name')}"
+    if recorded is not None and renamed and copier_operation() != "copy" and not renaming:
+        problems.append(
+            f"worker_name cannot change at update: rename with make rename-worker "
+            f"NAME={old_name} TO={given['worker_name']} (it moves the worker's files, answers "
+            "and your edits in shared files)"
+        )
+    if recorded is not None and renamed and renaming:
+        problems += rename_collisions(dst, facts, str(old_name), str(given["worker_name"]))
     # copier asks in turn; lane has a default, so the check need not wait for it
     answered = context.get("worker_name") and context.get("work_kind")
     if recorded is None and "host_root" in given and "namespace_absent" in given and answered:

@@ -718,6 +718,37 @@ def substitute(text: str, subs: list[tuple[re.Pattern[str], str]]) -> str:
     return text
 
 
+def carry_regions(
+    root: Path,
+    host_root: str,
+    kind: str,
+    old: str,
+    new: str,
+    subs: list[tuple[re.Pattern[str], str]],
+) -> list[str]:
+    """In every shared file, each region the patcher just wrote for `new` takes the text of
+    the same region of `old`, its name forms replaced (`subs`): a rename keeps the user's
+    edits in the `.env.example` block and the compose service, and the old metrics port.
+    The kind's regions in `kinds.py` are the same lines under both names and stay. Returns
+    the files changed; the old regions are cut afterwards (`reverse_fragments`)."""
+    touched: list[str] = []
+    old_regions = worker_regions(host_root, old, kind)
+    kinds_path = f"om/src/{host_root}/om/work/types/kinds.py"
+    for rel, find_new in worker_regions(host_root, new, kind).items():
+        path = root / rel
+        if rel == kinds_path or not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines(keepends=True)
+        before = {r.key: "".join(lines[r.start : r.end]) for r in old_regions[rel](lines)}
+        for region in sorted(find_new(lines), key=lambda r: r.start, reverse=True):
+            if region.key in before:
+                carried = substitute(before[region.key], subs)
+                lines[region.start : region.end] = carried.splitlines(keepends=True)
+        _write(path, text, "".join(lines), touched, root)
+    return touched
+
+
 def rename(root: Path, old: str, new: str) -> int:
     """Rename a worker: copier re-renders it under the new name, user edits carried over.
 
@@ -728,8 +759,9 @@ def rename(root: Path, old: str, new: str) -> int:
        at its new path (after the old names are replaced by the new) is kept in the user's
        version: the handler, its test, and any other edit survive; files the user added
        under the old folder move along.
-    3. The answers file moves to `workers/<new>/`; the old name's fragments are reversed;
-       the new `.env.example` block keeps the old block's metrics port.
+    3. The answers file moves to `workers/<new>/`; each region of the new name in a shared
+       file takes the old name's region, names replaced (`carry_regions`: your edits there
+       and the old metrics port survive), then the old name's fragments are reversed.
     """
     path = answers_file(root, old)
     if not WORKER_NAME.fullmatch(new):
@@ -754,13 +786,13 @@ def rename(root: Path, old: str, new: str) -> int:
         f"worker_name={new}",
     ]
     print(f"==> renaming worker {old} to {new}", flush=True)
-    if subprocess.run(cmd, check=False, cwd=root).returncode != 0:
+    env = {**os.environ, "WORKER_TEMPLATE_RENAME": f"{old}>{new}"}  # the template lets it by
+    if subprocess.run(cmd, check=False, cwd=root, env=env).returncode != 0:
         print(
             "==> copier update failed; `git checkout . && git clean -fd` undoes it", file=sys.stderr
         )
         return REFUSED
     subs = substitutions(old, new, str(answers["host_root"]))
-    old_prefix = names_of(old, "X")["worker_env_prefix"]
     kept: list[str] = []
     for line in changes(root):
         code, file = line[:2], line[3:]
@@ -785,16 +817,8 @@ def rename(root: Path, old: str, new: str) -> int:
     new_answers.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(path, new_answers)
     shutil.rmtree(leftover, ignore_errors=True)
-    env = root / ".env.example"
-    port = env_port(env.read_text(encoding="utf-8"), old, old_prefix) if env.is_file() else None
+    carry_regions(root, str(answers["host_root"]), str(answers["work_kind"]), old, new, subs)
     reverse_fragments(root, {**answers, "worker_name": old}, keep_kind=True)
-    if port is not None and env.is_file():
-        prefix = names_of(new, "X")["worker_env_prefix"]
-        text = env.read_text(encoding="utf-8")
-        text = re.sub(
-            rf"^{prefix}METRICS_PORT=.*$", f"{prefix}METRICS_PORT={port}", text, flags=re.MULTILINE
-        )
-        env.write_text(text, encoding="utf-8")
     print(f"==> worker {old} is now {new}; review with `git status`, then commit.")
     for item in kept:
         print(f"      kept your version: {item}")

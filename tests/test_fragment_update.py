@@ -414,3 +414,76 @@ def test_removing_a_worker_puts_every_shared_file_back(
     assert done.returncode == 0, done.stdout + done.stderr
     git(host, "add", "-A")
     assert git(host, "diff", "--cached", before, "--stat") == ""
+
+
+# --- rename carries the regions; only the helper renames ----------------------------------------
+
+
+def helper(host: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "scripts/workers.py", *args],
+        cwd=host,
+        env={"PATH": f"{VENV_BIN}:/usr/bin:/bin", "COPIER": str(VENV_BIN / "copier")},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_a_rename_keeps_the_users_edits_in_shared_files(tuned: Path) -> None:
+    env = tuned / ".env.example"
+    env.write_text(
+        env.read_text().replace(
+            "INVOICE_MAILER_OPERATOR=\n", "INVOICE_MAILER_OPERATOR=\nINVOICE_MAILER_SMTP_HOST=mx\n"
+        )
+    )
+    compose = tuned / "deployment/local/docker-compose.full.yml"
+    before_compose = compose.read_text()
+    assert '      INVOICE_MAILER_CAPACITY: "10"\n' in before_compose
+    compose.write_text(
+        before_compose.replace('INVOICE_MAILER_CAPACITY: "10"', 'INVOICE_MAILER_CAPACITY: "6"')
+    )
+    commit_all(tuned, "tuned B's shared lines")
+    port = re.search(r"(?m)^INVOICE_MAILER_METRICS_PORT=(\d+)$", env.read_text())
+    assert port
+
+    done = helper(tuned, "rename", "invoice-mailer", "bill-mailer")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    text = env.read_text()
+    assert "INVOICE_MAILER_" not in text and "# --- worker invoice-mailer ---" not in text
+    for line in (
+        "BILL_MAILER_CAPACITY=4",
+        "BILL_MAILER_SMTP_HOST=mx",
+        f"BILL_MAILER_METRICS_PORT={port[1]}",
+    ):
+        assert f"{line}\n" in text, line
+    assert text.count("# --- worker bill-mailer ---") == 1
+    services = compose.read_text()
+    assert 'BILL_MAILER_CAPACITY: "6"' in services and "invoice-mailer:" not in services
+
+
+def test_a_name_changed_by_copier_update_is_refused_the_helper_renames(tuned: Path) -> None:
+    with pytest.raises(UserMessageError) as refused:
+        update(tuned, B["worker_name"], ":current:", worker_name="bill-mailer")
+    assert "worker_name cannot change at update: rename with make rename-worker" in str(
+        refused.value
+    )
+    assert tree_state(tuned) == ""
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("shipment-notifier-completed", "reads the settings variable SHIPMENT_NOTIFIER_COMPLETED"),
+        ("acme", "collides with what the host has"),
+    ],
+)
+def test_a_rename_is_refused_where_a_copy_of_that_name_would_be(
+    tuned: Path, name: str, expected: str
+) -> None:
+    done = helper(tuned, "rename", "invoice-mailer", name)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert expected in done.stdout + done.stderr
+    assert tree_state(tuned) == ""

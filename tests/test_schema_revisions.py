@@ -70,9 +70,13 @@ class SchemaHistory:
     repo: Path
     revision: str
     stem: str
+    previous: str  # the revision the newest follows: N's head
 
     def newest(self, stamp: str) -> str:
         return self.revision.replace(STAMP_TAG, stamp)
+
+    def head_before(self, stamp: str) -> str:
+        return self.previous.replace(STAMP_TAG, stamp)
 
     def files(self, stamp: str) -> set[str]:
         """The host paths of the newest revision: its wrapper and its SQL."""
@@ -80,8 +84,9 @@ class SchemaHistory:
         return {f"{VERSIONS}/{stem}.py", f"{SQL}/{stem}.up.sql", f"{SQL}/{stem}.down.sql"}
 
 
-def newest_template_revision(repo: Path) -> tuple[str, str]:
-    """The template's newest queue revision: the one no other template revision follows."""
+def newest_template_revision(repo: Path) -> tuple[str, str, str]:
+    """The template's newest queue revision (the one no other template revision follows):
+    its id, its file's name stem, and the revision it follows."""
     chain: dict[str, tuple[str, str]] = {}
     for path in sorted((repo / TPL_MIGRATIONS / "versions/queue").glob("*.py.jinja")):
         text = path.read_text(encoding="utf-8")
@@ -93,7 +98,7 @@ def newest_template_revision(repo: Path) -> tuple[str, str]:
     heads = [rev for rev in chain if rev not in followed]
     assert len(heads) == 1, f"the template's queue revisions are not one chain: {chain}"
     assert chain[heads[0]][0], "the template has a single queue revision: no release to test"
-    return heads[0], chain[heads[0]][1]
+    return heads[0], chain[heads[0]][1], chain[heads[0]][0]
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +106,7 @@ def schema_history(tmp_path_factory: pytest.TempPathFactory) -> SchemaHistory:
     """N (the working tree without its newest queue revision) as `v0.0.1`, N+1 as `v0.0.2`."""
     repo = snapshot_template(tmp_path_factory.mktemp("schema") / "worker-template")
     git(repo, "tag", "-d", "v0.0.1")
-    revision, stem = newest_template_revision(repo)
+    revision, stem, previous = newest_template_revision(repo)
     paths = [
         f"{TPL_MIGRATIONS}/versions/queue/{stem}.py.jinja",
         f"{TPL_MIGRATIONS}/sql/queue/{stem}.up.sql",
@@ -112,7 +117,7 @@ def schema_history(tmp_path_factory: pytest.TempPathFactory) -> SchemaHistory:
     git(repo, "tag", "v0.0.1")
     git(repo, "revert", "--no-edit", "HEAD")
     git(repo, "tag", "v0.0.2")
-    return SchemaHistory(repo, revision, stem)
+    return SchemaHistory(repo, revision, stem, previous)
 
 
 def recorded(host: Path, name: str = A) -> dict[str, Any]:
@@ -207,7 +212,7 @@ def test_an_update_without_revisions_of_the_hosts_own_writes_no_join(
     """N lacks the newest revision, N+1 brings it: the template's chain keeps one head."""
     stamp = recorded(host)["migration_stamp"]
     assert not any((host / p).exists() for p in schema_history.files(stamp))
-    assert hostfacts.queue_head(host / VERSIONS) == stamp
+    assert hostfacts.queue_head(host / VERSIONS) == schema_history.head_before(stamp)
     done = helper_update(host)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "joined" not in done.stdout
@@ -224,7 +229,7 @@ def test_an_update_over_a_revision_of_the_hosts_own_joins_the_two_heads(
     stamp = recorded(host)["migration_stamp"]
     newest = schema_history.newest(stamp)
     (host / VERSIONS / f"{USER_REV}_{USER_SLUG}.py").write_text(
-        USER_REVISION_SOURCE.format(down=stamp)
+        USER_REVISION_SOURCE.format(down=schema_history.head_before(stamp))
     )
     write_user_sql(host)
     commit_all(host, "a queue revision of our own")
@@ -469,14 +474,15 @@ def test_a_schema_release_reaches_a_database_behind_a_revision_of_the_hosts_own(
     database = new_database(databases)
     env = migration_env(uv_env, database)
     host_gate(host, env, "make", "migrate")
-    assert queue_version(database) == [stamp]
+    before = schema_history.head_before(stamp)
+    assert queue_version(database) == [before]
 
     # the host's own queue revision, made with alembic and filled in as its mako asks
     host_gate(host, env, "uv", "run", "--all-packages", "python", "-c", NEW_REVISION)
     [made] = [p for p in (host / VERSIONS).glob(f"{USER_REV}_*.py")]
     assert made.name == f"{USER_REV}_{USER_SLUG}.py"
     text = made.read_text()
-    assert f"down_revision = '{stamp}'" in text, text
+    assert f"down_revision = '{before}'" in text, text
     made.write_text(text.replace("<role>/", "queue/").replace("<name>", USER_SLUG))
     write_user_sql(host)
     host_gate(host, env, "make", "format")  # alembic writes 'quotes'; the host's ruff wants "
