@@ -216,9 +216,16 @@ def target_ref(recorded: str, refs: dict[str, str]) -> str:
 
 
 def is_behind(recorded: str, target: str, refs: dict[str, str]) -> bool:
-    """Whether `target` names another template commit than the recorded `_commit`."""
+    """Whether `target` names another template commit than the recorded `_commit`
+    (a worker recorded at a bare hash that a tag now names is not behind that tag)."""
     if target != "HEAD":
-        return target != recorded
+        if target == recorded:
+            return False
+        tagged = refs.get(f"refs/tags/{target}", "")
+        described = DESCRIBED.fullmatch(recorded)
+        short = described.group("hash") if described else recorded
+        at_tag = version(recorded) is None and len(short) >= 7 and tagged.startswith(short)
+        return not at_tag
     head = refs.get("HEAD", "")
     described = DESCRIBED.fullmatch(recorded)
     short = described.group("hash") if described else recorded

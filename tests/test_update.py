@@ -729,3 +729,16 @@ def test_only_a_dotted_version_is_a_release_tag_never_an_all_digit_short_hash(
     """A worker recorded at commit `1772851` is not at "release 1772851" (check-update would
     then report it behind forever)."""
     assert load_extension("host_workers").version(ref) == parsed
+
+
+def test_a_worker_at_the_commit_a_tag_names_is_not_behind_it() -> None:
+    """Copied from a bare commit that a release tag later named: `check-update` says up to
+    date (updating would change only `_commit`); another commit is behind."""
+    helper_module = load_extension("host_workers")
+    sha = "8c730dc0f1e2d3c4b5a6978877665544332211ff"
+    refs = {"HEAD": sha, "refs/tags/v1.0.0": sha}
+    assert helper_module.target_ref("8c730dc", refs) == "v1.0.0"
+    assert not helper_module.is_behind("8c730dc", "v1.0.0", refs)
+    assert not helper_module.is_behind("v1.0.0", "v1.0.0", refs)
+    assert helper_module.is_behind("1234567", "v1.0.0", refs)
+    assert helper_module.is_behind("v0.9.0", "v1.0.0", refs)
