@@ -466,7 +466,7 @@ def test_a_rename_keeps_the_users_edits_in_shared_files(tuned: Path) -> None:
 
 def test_a_name_changed_by_copier_update_is_refused_the_helper_renames(tuned: Path) -> None:
     with pytest.raises(UserMessageError) as refused:
-        update(tuned, B["worker_name"], ":current:", worker_name="bill-mailer")
+        update(tuned, B["worker_name"], "v0.2.0", worker_name="bill-mailer")
     assert "worker_name cannot change at update: rename with make rename-worker" in str(
         refused.value
     )
