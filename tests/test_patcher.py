@@ -115,7 +115,9 @@ def test_first_worker_applies_every_changed_row(host: Path) -> None:
     assert "OutboxRelayImpl(storage.get_outbox_storage(), infra.topics, work=work)" in root
     assert "        work=work,\n    )" in root
     relay = (om / "outbox/impl/relay.py").read_text()
-    assert "        *,\n        work: WorkManagerInterface,\n    ) -> None:" in relay
+    # The reference host's relay has a keyword of its own (`give_up_after`); `work` follows it.
+    keywords = "        *,\n        give_up_after: int = RELAY_GIVE_UP_AFTER,\n"
+    assert keywords + "        work: WorkManagerInterface,\n    ) -> None:" in relay
     assert "        self._work = work\n" in relay
     branch = '        if row.kind.startswith("work."):\n            await self._work.enqueue_relayed(row.org_id, row)\n            return\n        raise Invalid('
     assert branch in relay

@@ -29,6 +29,7 @@ from conftest import (
 from copier.errors import UserMessageError
 
 E2E_PARKED = FIXTURES / "host-tests" / "test_parked_records_e2e.py"
+E2E_OUTBOX = FIXTURES / "host-tests" / "test_outbox_e2e.py"
 
 patcher = load_extension("patcher")
 
@@ -296,10 +297,12 @@ def test_two_workers_rendered_in_turn_pass_the_host_gate(
     worker over memory, SQLite, PostgreSQL and Redis) passes, and copying either worker
     again is refused with nothing written. Issue 4's parked records end to end: a test
     written against the reference host's `parking` namespace joins the first worker's
-    tests (a host engineer's test, not a rendered one)."""
+    tests (a host engineer's test, not a rendered one), and so does one of the outbox's
+    state and dead letters through the reference host's relay (issue 14)."""
     host = make_host()
     render(host)
-    shutil.copy(E2E_PARKED, host / "workers/shipment-notifier/tests" / E2E_PARKED.name)
+    for e2e in (E2E_PARKED, E2E_OUTBOX):
+        shutil.copy(e2e, host / "workers/shipment-notifier/tests" / e2e.name)
     commit_all(host, "shipment-notifier")
     render(host, worker_name="invoice-mailer", work_kind="SEND_INVOICE", container=True)
     commit_all(host, "invoice-mailer")
@@ -315,6 +318,7 @@ def test_two_workers_rendered_in_turn_pass_the_host_gate(
     ):
         assert name in gate, f"{name} did not run"
     assert f"tests/{E2E_PARKED.name} ... " in gate, "the parked-records tests did not all pass"
+    assert f"tests/{E2E_OUTBOX.name} . " in gate, "the outbox test did not pass"
     assert " failed" not in gate.splitlines()[-1]
     commit_all(host, "uv.lock with both workers")
     for worker, kind in (

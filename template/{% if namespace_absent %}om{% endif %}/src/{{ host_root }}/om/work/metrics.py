@@ -15,7 +15,10 @@ class WorkMetrics:
     is gone) or `unreadable` (a claimed row the model refuses); `fencing_conflicts` counts
     writes refused because the claim token no longer matched, by `operation`.
     `dead_letters_unaudited` is a gauge: the dead letters, across tenants, whose audit entry
-    is not written yet, as the last `queue_stats` counted them (each sweep pass). Build one
+    is not written yet, as the last `queue_stats` counted them (each sweep pass);
+    `oldest_snapshot_xid_age` is a gauge too: in transaction ids, how far the oldest snapshot
+    another session of the `database` holds lags behind, as the last `queue_stats` read it
+    (PostgreSQL only: on SQLite and in memory it is never set, so never exported). Build one
     per registry: a second set on the same registry raises `ValueError` (duplicated time
     series); `default_metrics()` holds the process-wide one on the default registry.
     """
@@ -58,6 +61,14 @@ class WorkMetrics:
             "work_dead_letters_unaudited",
             "Dead letters whose audit entry is not written yet (refreshed by each sweep).",
             ["kind"],
+            registry=registry,
+        )
+        self.oldest_snapshot_xid_age = Gauge(
+            "work_queue_oldest_snapshot_xid_age",
+            "Transaction ids since the oldest snapshot another session of the queue's "
+            "database holds was taken: what vacuum of work_items must keep (PostgreSQL only; "
+            "refreshed by each sweep).",
+            ["database"],
             registry=registry,
         )
 

@@ -3,13 +3,18 @@
 Every metric lives on one `CollectorRegistry` the caller owns (a fresh one per test, the
 process registry in production), so two loops in one process never collide. Durations are
 histograms in seconds; counters carry the item's `kind`, gauges the queue `lane` (and the
-kind, for the oldest available age); the wake-up metrics carry the `channel`.
+kind, for the oldest available age); the wake-up metrics carry the `channel`. The
+`worker_outbox_*` gauges carry no label and are registered only by `outbox_gauges()`, which
+the loop calls for a host whose outbox relay reports its state (`loop.OutboxStatsReader`):
+a host without it exports none of them.
 The template's docs/operations.md, "Metrics", lists every series and the alerts on them.
 Names start with `worker_`: the work manager's own counters (`work_*`, on the default
 registry) count the queue's side of the same events.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -38,11 +43,27 @@ WAKE_UP_CHANNELS = ("topic", "database")
 NOTIFY channel."""
 
 
+@dataclass(frozen=True)
+class OutboxGauges:
+    """The outbox's state as the host's relay reported it at the last sweep (all tenants).
+
+    `pending` rows not relayed (dead letters excluded), `oldest_pending_age` in seconds,
+    `failing`: pending rows whose relay failed at least `loop.OUTBOX_FAILING_AFTER` times,
+    `dead_letters`: rows the relay gave up on.
+    """
+
+    pending: Gauge
+    oldest_pending_age: Gauge
+    failing: Gauge
+    dead_letters: Gauge
+
+
 class WorkerMetrics:
     """Counters, gauges and histograms of one worker process, registered on `registry`."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._outbox: OutboxGauges | None = None
         self.claimed = Counter(
             "worker_items_claimed", "Items claimed by this worker", ["kind"], registry=registry
         )
@@ -170,3 +191,34 @@ class WorkerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+
+    def outbox_gauges(self) -> OutboxGauges:
+        """The `worker_outbox_*` gauges, registered on the first call; later calls return the
+        same ones. The loop calls it once it has read the outbox's state, so a host whose
+        relay does not report it exports none of them."""
+        if self._outbox is None:
+            registry = self.registry
+            pending = Gauge(
+                "worker_outbox_pending",
+                "Outbox rows not relayed yet, across tenants (dead letters excluded), at the last "
+                "sweep",
+                registry=registry,
+            )
+            oldest_pending_age = Gauge(
+                "worker_outbox_oldest_pending_age_seconds",
+                "Seconds since the oldest pending outbox row was written, on the storage's clock, "
+                "at the last sweep (0 when none is pending)",
+                registry=registry,
+            )
+            failing = Gauge(
+                "worker_outbox_failing",
+                "Pending outbox rows whose relay failed at least OUTBOX_FAILING_AFTER times",
+                registry=registry,
+            )
+            dead_letters = Gauge(
+                "worker_outbox_dead_letters",
+                "Outbox rows the host's relay gave up on, still in the table",
+                registry=registry,
+            )
+            self._outbox = OutboxGauges(pending, oldest_pending_age, failing, dead_letters)
+        return self._outbox
