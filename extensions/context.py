@@ -27,6 +27,7 @@ import importlib.util
 import os
 import re
 import sys
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -330,8 +331,15 @@ def derived_collisions(dst: Path, facts: Any, worker: str, kind: str) -> list[st
             f"work_kind {kind!r}: {payload} already exists and would be kept as it is "
             "(a file the user owns); choose another kind or remove that file"
         )
+    return problems + settings_clashes(worker, facts.workers)
+
+
+def settings_clashes(worker: str, others: Iterable[str]) -> list[str]:
+    """One sentence per worker of `others` that reads a settings variable `worker` would
+    read too (`SHIP_COMPLETED_RETENTION` is `ship`'s and `ship-completed`'s)."""
+    problems: list[str] = []
     mine = naming.setting_variables(worker, patcher.WORKER_SETTINGS)
-    for other in sorted(facts.workers):
+    for other in sorted(others):
         shared = mine & naming.setting_variables(other, patcher.WORKER_SETTINGS)
         if shared:
             problems.append(
@@ -349,15 +357,7 @@ def rename_collisions(dst: Path, facts: Any, old: str, new: str) -> list[str]:
         f"worker_name {new!r} collides with what the host has: {problem}; choose another name"
         for problem in hostfacts.name_collisions(dst, facts.root, new)
     ]
-    mine = naming.setting_variables(new, patcher.WORKER_SETTINGS)
-    for other in sorted(w for w in facts.workers if w != old):
-        shared = mine & naming.setting_variables(other, patcher.WORKER_SETTINGS)
-        if shared:
-            problems.append(
-                f"worker_name {new!r} reads the settings variable {min(shared)} that "
-                f"the worker {other!r} reads too; choose another name"
-            )
-    return problems
+    return problems + settings_clashes(new, (w for w in facts.workers if w != old))
 
 
 STAMP = re.compile(r"\d{14}")
