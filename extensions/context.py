@@ -1,7 +1,7 @@
 """Copier context hook: derived names, host facts, and the checks that run before rendering.
 
-The hook runs on every Jinja render (copier-facts §7), in the prompt and render phases of a
-copy and of all three update passes, so it only adds cheap values to the context:
+The hook runs on every Jinja render (copier 9.19.1 calls a context hook for each one), in
+the prompt and render phases of a copy and of all three update passes, so it only adds cheap values to the context:
 
 - the derived names (`worker_module`, `kind_class`, ...; extensions/naming.py);
 - `_host`: facts about the destination (extensions/hostfacts.py), read by the defaults of
@@ -92,7 +92,7 @@ def destination(context: dict[str, Any]) -> Path:
 
 
 def is_replay_folder(path: Path) -> bool:
-    """Copier's temporary old/new copies during `copier update` (copier-facts §5)."""
+    """Copier's temporary old/new copies during `copier update` (folders named `copier._main.*`)."""
     return path.name.startswith(REPLAY_PREFIX) or any(
         p.name.startswith(REPLAY_PREFIX) for p in path.parents
     )
@@ -404,7 +404,7 @@ def _inside_worker_folder(dst: Path) -> Path | None:
     its answers file), else None.
 
     Left to itself, `copier update` run there would render into the worker folder, change
-    nothing and exit 0 (copier-facts §2); `worker_folder` hands over or refuses instead.
+    nothing and exit 0 (copier writes only inside its destination); `worker_folder` hands over or refuses instead.
     """
     if not (dst / hostfacts.ANSWERS_NAME).is_file() or dst.parent.name != "workers":
         return None

@@ -22,7 +22,7 @@ after stage; docs/updating.md, "Releases"):
     python extensions/lifecycle.py move --answers-file <file> --from <old> --to <new>
 
 `<old>`/`<new>` may hold `{worker_name}`, `{worker_module}`, `{host_root}`, `{kind_snake}`
-(answers are not rendered in `_migrations`, copier-facts §11, so the script reads them).
+(copier does not render answers in `_migrations`, so the script reads them).
 Copier deletes the old path (the new template no longer has it) and writes the new one as
 the template renders it; the command 3-way merges the user's old file (from git `HEAD`)
 into the new one, with the old template's rendering of the old path as the base, so a
@@ -235,7 +235,7 @@ def _yaml() -> Any:
 
 
 def is_real_host(folder: Path) -> bool:
-    """Not one of copier's temporary copies, and a git work tree (copier-facts §5)."""
+    """Not one of copier's temporary copies, and a git work tree (copier runs update replays in temporary folders that are no git work tree)."""
     resolved = folder.resolve()
     if any(p.name.startswith(REPLAY_PREFIX) for p in (resolved, *resolved.parents)):
         return False

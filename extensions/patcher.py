@@ -14,7 +14,7 @@ phase of `copier copy`, before any file is written: it names every host file and
 fragment needs and cannot find. The patcher never runs `uv` or anything network-bound; the
 user runs `uv sync` afterwards.
 
-Update replays (copier-facts §5: tasks run in two bare temporary copies, too) are refused
+Update replays (copier 9.19.1 runs tasks in two bare temporary copies, too) are refused
 quietly: the patcher acts only in a folder that is a host root and, on update, a git
 work tree (the replays are not git repositories while tasks run).
 """
@@ -1324,7 +1324,7 @@ def merge_regions(host: Path, spec: Spec, previous: Previous) -> tuple[list[str]
 
 
 def is_replay(folder: Path) -> bool:
-    """True for copier's temporary update copies (copier-facts §5, §7)."""
+    """True for copier's temporary update copies (folders named `copier._main.*`, or no git work tree)."""
     return folder.resolve().name.startswith("copier._main.") or not (folder / ".git").exists()
 
 
