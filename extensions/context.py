@@ -1,7 +1,8 @@
 """Copier context hook: derived names, host facts, and the checks that run before rendering.
 
 The hook runs on every Jinja render (copier 9.19.1 calls a context hook for each one), in
-the prompt and render phases of a copy and of all three update passes, so it only adds cheap values to the context:
+the prompt and render phases of a copy and of all three update passes, so it only adds
+cheap values to the context:
 
 - the derived names (`worker_module`, `kind_class`, ...; extensions/naming.py);
 - `_host`: facts about the destination (extensions/hostfacts.py), read by the defaults of
@@ -404,7 +405,8 @@ def _inside_worker_folder(dst: Path) -> Path | None:
     its answers file), else None.
 
     Left to itself, `copier update` run there would render into the worker folder, change
-    nothing and exit 0 (copier writes only inside its destination); `worker_folder` hands over or refuses instead.
+    nothing and exit 0 (copier writes only inside its destination); `worker_folder` hands
+    over or refuses instead.
     """
     if not (dst / hostfacts.ANSWERS_NAME).is_file() or dst.parent.name != "workers":
         return None

@@ -1,6 +1,7 @@
 """Host discovery: what the destination repository holds, read once per folder and cached.
 
-The context hook runs more than a hundred times per render (copier calls it on every Jinja render), so every
+The context hook runs more than a hundred times per render (copier calls it on every Jinja
+render), so every
 fact is computed once per resolved destination. Nothing here raises for a folder that is not
 a host: callers get the facts and the list of what is missing, and decide.
 

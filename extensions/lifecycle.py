@@ -235,7 +235,8 @@ def _yaml() -> Any:
 
 
 def is_real_host(folder: Path) -> bool:
-    """Not one of copier's temporary copies, and a git work tree (copier runs update replays in temporary folders that are no git work tree)."""
+    """Not one of copier's temporary copies, and a git work tree (copier runs update replays
+    in temporary folders that are no git work tree)."""
     resolved = folder.resolve()
     if any(p.name.startswith(REPLAY_PREFIX) for p in (resolved, *resolved.parents)):
         return False

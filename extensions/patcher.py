@@ -1324,7 +1324,8 @@ def merge_regions(host: Path, spec: Spec, previous: Previous) -> tuple[list[str]
 
 
 def is_replay(folder: Path) -> bool:
-    """True for copier's temporary update copies (folders named `copier._main.*`, or no git work tree)."""
+    """True for copier's temporary update copies (folders named `copier._main.*`, or no git
+    work tree)."""
     return folder.resolve().name.startswith("copier._main.") or not (folder / ".git").exists()
 
 
