@@ -72,6 +72,32 @@ def tree_state(cwd: Path) -> str:
     return git(cwd, "status", "--porcelain", "--untracked-files=all")
 
 
+def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`copier <args>` run as a user runs it, in `cwd`."""
+    return subprocess.run(
+        [sys.executable, "-m", "copier", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+
+
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    """A refusal: exit 1, no traceback, exactly one line on stderr (copier's own
+    `Keeping template version` note on update aside); returns that line."""
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [
+        line
+        for line in done.stderr.strip().splitlines()
+        if not line.startswith("Keeping template version")
+    ]
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
 def load_extension(name: str) -> ModuleType:
     """Import `extensions/<name>.py` the way the hook does (a unique module name)."""
     key = f"_worker_template_tests_{name}"

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,9 +20,11 @@ import yaml
 from conftest import (
     REFERENCE_HOST,
     UPDATE_MARKER,
+    cli,
     commit_all,
     git,
     load_extension,
+    one_line,
     snapshot_template,
     tree_state,
 )
@@ -38,27 +38,6 @@ ANSWERS = f"workers/{NAME}/.copier-answers.yml"
 # The one answer two copies made at different seconds differ in: the migration's UTC stamp
 # (its file names carry it). Both forms get the same one, so every byte can be compared.
 STAMP = "20250101000000"
-
-
-def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`copier <args>` run as a user runs it, in `cwd`."""
-    return subprocess.run(
-        [sys.executable, "-m", "copier", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-    )
-
-
-def one_line(done: subprocess.CompletedProcess[str]) -> str:
-    """The refusal: exit 1, no traceback, exactly one line on stderr."""
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    return lines[0]
 
 
 def files(host: Path) -> dict[str, tuple[bytes, bool]]:

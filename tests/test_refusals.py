@@ -21,9 +21,11 @@ import yaml
 from conftest import (
     REFERENCE_HOST,
     VENV_BIN,
+    cli,
     commit_all,
     host_gate,
     load_extension,
+    one_line,
     tree_state,
     uv_sync,
 )
@@ -47,29 +49,6 @@ def refused(render: Callable[..., Any], host: Path, **answers: Any) -> str:
     message = str(caught.value)
     assert "\n" not in message
     return message
-
-
-def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "copier", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-
-
-def one_line(done: subprocess.CompletedProcess[str]) -> str:
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    lines = [  # copier's own note on update, before anything is checked
-        line
-        for line in done.stderr.strip().splitlines()
-        if not line.startswith("Keeping template version")
-    ]
-    assert len(lines) == 1, done.stderr
-    return lines[0]
 
 
 # --- 1. the whole answer must match ----------------------------------------------------------
