@@ -8,6 +8,8 @@ UV := $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
 export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 export UV_LINK_MODE ?= copy
 PYTEST_ARGS ?=
+# pytest-xdist processes for make test: most tests wait on copier, uv and host test runs.
+PYTEST_WORKERS ?= auto
 
 .PHONY: help setup services demo test bench lint clean release-manifest release-check
 
@@ -25,7 +27,9 @@ help:
 setup:
 	@command -v uv >/dev/null 2>&1 || $(PYTHON) -m uv --version >/dev/null 2>&1 \
 		|| $(PYTHON) -m pip install --quiet --disable-pip-version-check uv
-	@$(UV) sync --locked --quiet
+	@# Bytecode compiled once here: copier runs hundreds of times in make test, and a shell
+	@# with PYTHONDONTWRITEBYTECODE set would otherwise compile its imports on every run.
+	@$(UV) sync --locked --quiet --compile-bytecode
 	@cd tests/fixtures/reference-host && UV_PROJECT_ENVIRONMENT=$(CURDIR)/.cache/warm-venv \
 		$(UV) sync --locked --all-packages --quiet
 	@# A render adds a workspace member, so its host re-resolves the lock offline: that needs
@@ -44,7 +48,7 @@ test: setup services
 	@$(UV) run --locked ruff check --quiet extensions tests scripts bench
 	@$(UV) run --locked ruff format --check --quiet extensions tests scripts bench
 	@$(UV) run --locked mypy
-	@$(UV) run --locked --quiet pytest $(PYTEST_ARGS)
+	@$(UV) run --locked --quiet pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 ## The peers (procrastinate, pgqueuer) go into their own virtualenv, never into a host's.
 bench: setup services

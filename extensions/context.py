@@ -89,7 +89,13 @@ def _conf(context: dict[str, Any], key: str) -> Any:
 
 def destination(context: dict[str, Any]) -> Path:
     """The destination folder as copier was given it, resolved against the cwd."""
-    return Path(str(_conf(context, "dst_path") or ".")).resolve()
+    return _resolved(str(_conf(context, "dst_path") or "."), os.getcwd())
+
+
+@lru_cache(maxsize=32)
+def _resolved(path: str, cwd: str) -> Path:
+    """`path` resolved against `cwd` (cached: the hook asks on every render)."""
+    return (Path(cwd) / path).resolve()
 
 
 def is_replay_folder(path: Path) -> bool:
@@ -567,12 +573,24 @@ FIXED = ("host_root", "namespace_absent", "migration_stamp", "metrics_port", "qu
 
 
 def _recorded_answers(path: Path) -> dict[str, Any] | None:
-    """The answers file of the worker being updated; None on a copy (no such file yet)."""
-    yaml = _yaml()
-    if not path.is_file():
-        return None
+    """The answers file of the worker being updated; None on a copy (no such file yet).
+
+    Read once per file version: the hook asks on every render (see `_answers_at`)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        return None
+    answers = _answers_at(str(path), stamp)
+    return None if answers is None else dict(answers)
+
+
+@lru_cache(maxsize=16)
+def _answers_at(path: str, stamp: int) -> dict[str, Any] | None:
+    """The parsed answers file at `path` as of modification time `stamp` (ns); None when it
+    is unreadable or not a mapping. Callers copy the result (it is shared)."""
+    yaml = _yaml()
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     return data if isinstance(data, dict) else None

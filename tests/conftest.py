@@ -47,6 +47,47 @@ GIT_ENV = {
 UPDATE_MARKER = "# template v0.0.2"
 
 
+# The reference host's database roles (its infra-up.sh and om/tests/conftest.py create them
+# the same way when missing).
+ROLES_SQL = """
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'acme_owner') THEN
+        CREATE ROLE acme_owner LOGIN NOSUPERUSER NOCREATEROLE CREATEDB;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'acme_app') THEN
+        CREATE ROLE acme_app LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS;
+    END IF;
+END
+$$;
+"""
+ADMIN_URL = os.environ.get("ACME_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Create the reference host's roles once, before any test (in the xdist controller
+    only): two hosts' test sessions creating a missing role at the same moment would race
+    (`CREATE ROLE` fails on the second with a unique violation). A database that is down
+    is left for the tests that need it to report."""
+    if hasattr(session.config, "workerinput"):
+        return
+    import asyncio
+
+    import asyncpg
+
+    async def create() -> None:
+        conn = await asyncpg.connect(ADMIN_URL, timeout=5)
+        try:
+            await conn.execute(ROLES_SQL)
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(create())
+    except (OSError, asyncpg.PostgresError):
+        pass
+
+
 def git(cwd: Path, *args: str) -> str:
     """Run git in `cwd` and return its stdout; raises on failure."""
     done = subprocess.run(
@@ -262,6 +303,10 @@ def uv_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     env.pop("VIRTUAL_ENV", None)
+    # A rendered host's venv is fresh per test: let its first process write the bytecode
+    # the next ones read (a shell with PYTHONDONTWRITEBYTECODE set compiles every import of
+    # every worker process the host's tests start, about a third of their CPU time).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     yield env
 
 

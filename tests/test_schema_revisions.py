@@ -31,6 +31,8 @@ import asyncpg
 import pytest
 import yaml
 from conftest import (
+    ADMIN_URL,
+    ROLES_SQL,
     VENV_BIN,
     commit_all,
     copy_host,
@@ -59,7 +61,6 @@ SQL = "om/migrations/sql/queue"
 USER_REV = "20270105090000"
 USER_SLUG = "work_items_kind_not_blank"
 USER_CONSTRAINT = "ck_work_items_kind_not_blank"
-ADMIN_URL = os.environ.get("ACME_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 @dataclass(frozen=True)
@@ -335,19 +336,6 @@ def test_join_source_is_ruff_formatted_for_long_revision_ids() -> None:
 
 
 # --- slow: real databases, the host's own make migrate / migrate-check ----------------------
-
-ROLES_SQL = """
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'acme_owner') THEN
-        CREATE ROLE acme_owner LOGIN NOSUPERUSER NOCREATEROLE CREATEDB;
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'acme_app') THEN
-        CREATE ROLE acme_app LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS;
-    END IF;
-END
-$$;
-"""
 
 
 async def _admin(*statements: str) -> None:
