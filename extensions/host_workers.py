@@ -177,6 +177,17 @@ def remote_refs(src: str, root: Path) -> dict[str, str]:
     return refs
 
 
+def known_ref(ref: str, refs: dict[str, str]) -> bool:
+    """Whether `ref` names something in the template's `refs` (`git ls-remote` output): a
+    tag, a branch, `HEAD`, or a hexadecimal commit hash of 7 to 40 digits (which copier's
+    own checkout verifies, since `ls-remote` lists only the commits refs point at)."""
+    if re.fullmatch(r"[0-9a-f]{7,40}", ref):
+        return True
+    return ref == "HEAD" or any(
+        name in refs for name in (ref, f"refs/tags/{ref}", f"refs/heads/{ref}")
+    )
+
+
 def latest_release(refs: dict[str, str]) -> tuple[str, tuple[int, ...]] | None:
     """The highest release tag among the template's refs, with its version."""
     released = [
@@ -247,8 +258,19 @@ def update(root: Path, name: str, ref: str | None = None) -> int:
     src = str(answers.get("_src_path", ""))
     if not src or not recorded:
         raise RefusedError(f"{path.relative_to(root)} has no _src_path/_commit: not made by copier")
+    refs = remote_refs(src, root)
     if ref is None:
-        ref = target_ref(recorded, remote_refs(src, root))
+        ref = target_ref(recorded, refs)
+    elif refs and not known_ref(ref, refs):
+        tags = sorted(
+            (r.removeprefix("refs/tags/") for r in refs if r.startswith("refs/tags/")),
+            key=lambda tag: version(tag) or (),
+        )
+        newest = ", ".join(tags[-3:]) or "none"
+        raise RefusedError(
+            f"--ref {ref}: the template at {src} has no such tag or branch (newest tags: "
+            f"{newest}); give a tag, a branch, HEAD or a commit hash"
+        )
     print(f"==> worker {name}: updating from {recorded} to {ref} ({src})", flush=True)
     cmd = [
         *copier_cmd(),

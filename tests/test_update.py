@@ -39,6 +39,7 @@ from conftest import (
     git,
     host_gate,
     load_extension,
+    one_line,
     tree_state,
     uv_sync,
 )
@@ -558,6 +559,16 @@ def test_helper_refuses_a_dirty_tree_and_an_unknown_worker(host: Path) -> None:
     (host / "notes.txt").unlink()
     done = helper(host, "update", "nope")
     assert done.returncode == 1 and A in done.stderr
+
+
+def test_an_update_to_a_ref_the_template_lacks_is_one_line(host: Path) -> None:
+    """`make update-worker NAME=x REF=<typo>` (the helper's `--ref`): one line naming the ref
+    and the newest tags, copier never started, nothing changed (copier's own git error was
+    a traceback)."""
+    before = git(host, "rev-parse", "HEAD")
+    line = one_line(helper(host, "update", A, "--ref", "v9.9.9"))
+    assert "--ref v9.9.9" in line and "v0.0.2" in line, line
+    assert tree_state(host) == "" and git(host, "rev-parse", "HEAD") == before
 
 
 # --- remove and rename --------------------------------------------------------------------------
