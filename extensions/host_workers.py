@@ -133,6 +133,61 @@ def require_clean(root: Path) -> None:
         )
 
 
+KINDS_START, KINDS_END = "<!-- >>> kinds -->", "<!-- <<< kinds -->"
+_CONFLICT_LINE = re.compile(r"^(<{7}|={7}|>{7})( |$)")
+
+
+def kind_entries(root: Path) -> dict[str, str]:
+    """Every worker's kind and name as `work/README.md` lists them: the namespace owner
+    first, then the others in the order they were copied (their `metrics_port` answers)."""
+    rows: list[tuple[bool, int, str, str]] = []
+    for path in sorted(root.glob(f"workers/*/{ANSWERS}")):
+        answers = read_answers(path)
+        kind, port = answers.get("work_kind"), answers.get("metrics_port")
+        if not kind:
+            continue
+        owner = answers.get("namespace_absent") is True
+        order = port if isinstance(port, int) else 1 << 30
+        rows.append(
+            (not owner, order, str(answers.get("worker_name", path.parent.name)), str(kind))
+        )
+    return {kind: name for _, _, name, kind in sorted(rows)}
+
+
+def settle_kinds(root: Path) -> list[str]:
+    """Rebuild a kinds region of `work/README.md` that copier's merge left with conflict
+    markers; the path when it did.
+
+    The namespace owner renders the file and every other worker adds its line between the
+    kind markers, so when the owner's own line changes next to another worker's (a rename),
+    copier's three-way merge, which runs after the template's tasks, conflicts inside the
+    region. Nothing but the workers' answers decides the region (`kind_entries`), so it is
+    written from them. Markers elsewhere in the file stay for the user; when none is left,
+    git's unmerged entry of the file is cleared (`git reset -- <file>`: the change stays
+    unstaged, as every update's does).
+    """
+    settled: list[str] = []
+    for path in sorted(root.glob("om/src/*/om/work/README.md")):
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        starts = [n for n, line in enumerate(lines) if line.strip() == KINDS_START]
+        ends = [n for n, line in enumerate(lines) if line.strip() == KINDS_END]
+        if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+            continue
+        i, j = starts[0], ends[0]
+        if not any(_CONFLICT_LINE.match(line) for line in lines[i + 1 : j]):
+            continue
+        lines[i + 1 : j] = [
+            f"- `{kind}`, handled by the `{name}` worker\n"
+            for kind, name in kind_entries(root).items()
+        ]
+        path.write_text("".join(lines), encoding="utf-8")
+        rel = str(path.relative_to(root))
+        if not any(_CONFLICT_LINE.match(line) for line in lines):
+            git(root, "reset", "-q", "--", rel, check=False)
+        settled.append(rel)
+    return settled
+
+
 def conflicts(root: Path) -> list[str]:
     """Paths left unmerged, `*.rej` files, and files holding copier's conflict markers."""
     found: list[str] = []
@@ -177,15 +232,29 @@ def remote_refs(src: str, root: Path) -> dict[str, str]:
     return refs
 
 
-def known_ref(ref: str, refs: dict[str, str]) -> bool:
-    """Whether `ref` names something in the template's `refs` (`git ls-remote` output): a
-    tag, a branch, `HEAD`, or a hexadecimal commit hash of 7 to 40 digits (which copier's
-    own checkout verifies, since `ls-remote` lists only the commits refs point at)."""
-    if re.fullmatch(r"[0-9a-f]{7,40}", ref):
-        return True
-    return ref == "HEAD" or any(
+def known_ref(ref: str, refs: dict[str, str], src: str, root: Path) -> bool:
+    """Whether `ref` names something in the template at `src` whose refs are `refs` (`git
+    ls-remote` output): copier's `:current:` (the worker's own version), `HEAD`, a tag, a
+    branch, or a commit. A commit hash (7 to 40 hexadecimal digits) of a template in a local
+    folder is looked up in it; of a remote one, `ls-remote` lists only the commits refs
+    point at, so any other hash is left to copier's checkout to verify."""
+    if ref in {":current:", "HEAD"} or any(
         name in refs for name in (ref, f"refs/tags/{ref}", f"refs/heads/{ref}")
-    )
+    ):
+        return True
+    if not re.fullmatch(r"[0-9a-f]{7,40}", ref):
+        return False
+    local = Path(src).expanduser()
+    if not local.is_absolute():
+        local = root / local
+    if local.is_dir():
+        found = subprocess.run(
+            ["git", "-C", str(local), "cat-file", "-e", f"{ref}^{{commit}}"],
+            check=False,
+            capture_output=True,
+        )
+        return found.returncode == 0
+    return True
 
 
 def latest_release(refs: dict[str, str]) -> tuple[str, tuple[int, ...]] | None:
@@ -261,15 +330,15 @@ def update(root: Path, name: str, ref: str | None = None) -> int:
     refs = remote_refs(src, root)
     if ref is None:
         ref = target_ref(recorded, refs)
-    elif refs and not known_ref(ref, refs):
+    elif refs and not known_ref(ref, refs, src, root):
         tags = sorted(
             (r.removeprefix("refs/tags/") for r in refs if r.startswith("refs/tags/")),
             key=lambda tag: version(tag) or (),
         )
         newest = ", ".join(tags[-3:]) or "none"
         raise RefusedError(
-            f"--ref {ref}: the template at {src} has no such tag or branch (newest tags: "
-            f"{newest}); give a tag, a branch, HEAD or a commit hash"
+            f"--ref {ref}: the template at {src} has no such tag, branch or commit (newest tags: "
+            f"{newest}); give a tag, a branch, a commit, HEAD or :current:"
         )
     print(f"==> worker {name}: updating from {recorded} to {ref} ({src})", flush=True)
     cmd = [
@@ -288,6 +357,8 @@ def update(root: Path, name: str, ref: str | None = None) -> int:
     if done.returncode != 0:
         print(f"==> worker {name}: copier update failed (exit {done.returncode})", file=sys.stderr)
         return REFUSED
+    for settled in settle_kinds(root):
+        print(f"    settled  {settled}: the kinds list written from the workers' answers")
     found = conflicts(root)
     changed = changes(root)
     if found:
@@ -848,6 +919,8 @@ def rename(root: Path, old: str, new: str) -> int:
     shutil.rmtree(leftover, ignore_errors=True)
     carry_regions(root, str(answers["host_root"]), str(answers["work_kind"]), old, new, subs)
     reverse_fragments(root, {**answers, "worker_name": old}, keep_kind=True)
+    for settled in settle_kinds(root):
+        print(f"    settled  {settled}: the kinds list written from the workers' answers")
     print(f"==> worker {old} is now {new}; review with `git status`, then commit.")
     for item in kept:
         print(f"      kept your version: {item}")

@@ -561,14 +561,22 @@ def test_helper_refuses_a_dirty_tree_and_an_unknown_worker(host: Path) -> None:
     assert done.returncode == 1 and A in done.stderr
 
 
-def test_an_update_to_a_ref_the_template_lacks_is_one_line(host: Path) -> None:
+def test_an_update_to_a_ref_the_template_lacks_is_one_line(
+    host: Path, template_history: Path
+) -> None:
     """`make update-worker NAME=x REF=<typo>` (the helper's `--ref`): one line naming the ref
     and the newest tags, copier never started, nothing changed (copier's own git error was
     a traceback)."""
     before = git(host, "rev-parse", "HEAD")
-    line = one_line(helper(host, "update", A, "--ref", "v9.9.9"))
-    assert "--ref v9.9.9" in line and "v0.0.2" in line, line
-    assert tree_state(host) == "" and git(host, "rev-parse", "HEAD") == before
+    for ref in ("v9.9.9", "deadbeef"):  # a tag, and a commit hash, the template lacks
+        line = one_line(helper(host, "update", A, "--ref", ref))
+        assert f"--ref {ref}:" in line and "v0.0.2" in line, line
+        assert tree_state(host) == "" and git(host, "rev-parse", "HEAD") == before
+    # What the template has still goes through: its own version (docs/updating.md) and a
+    # commit of it named by hash.
+    for ref in (":current:", git(template_history, "rev-parse", "--short", "v0.0.2").strip()):
+        done = helper(host, "update", B, "--ref", ref)
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 # --- remove and rename --------------------------------------------------------------------------
@@ -657,6 +665,27 @@ def test_rename_worker_moves_answers_and_keeps_edits(host: Path) -> None:
     done = helper(host, "update", new)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (host / pkg(new) / "handler.py").read_text().endswith("# our handler note\n")
+
+
+def test_renaming_the_namespace_owner_beside_another_worker_settles_the_kinds_list(
+    host: Path,
+) -> None:
+    """The owner renders `work/README.md`, B added its line between the kind markers:
+    renaming the owner changed its own line next to B's, which copier's merge left as a
+    conflict (`UU`). The patcher writes the region from the workers' answers instead."""
+    new = "shipment-sender"
+    done = make(host, "rename-worker", f"NAME={A}", f"TO={new}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    readme = (host / f"{WORK}/README.md").read_text()
+    kinds = readme.split("<!-- >>> kinds -->\n", 1)[1].split("<!-- <<< kinds -->", 1)[0]
+    assert kinds == (
+        f"- `NOTIFY_SHIPMENT`, handled by the `{new}` worker\n"
+        f"- `SEND_INVOICE`, handled by the `{B}` worker\n"
+    )
+    state = tree_state(host)
+    assert f" M {WORK}/README.md" in state.splitlines(), state
+    assert not any(line.startswith("UU") for line in state.splitlines()), state
+    assert "<<<<<<<" not in readme
 
 
 # --- refusals before rendering ------------------------------------------------------------------
