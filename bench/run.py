@@ -30,7 +30,7 @@ The peers run from `.bench/peers-venv` (`bench/requirements-peers.txt`) via `ben
 
 Knobs (environment): BENCH_RUNS (3), BENCH_ITEMS (20000), BENCH_SINGLES (1000), BENCH_BATCH
 (1000), BENCH_DRAIN_TIMEOUT (seconds, 120: a drain still running then is stopped and its
-partial rate reported, marked `*`), BENCH_BEST_CAPACITY (50; the pool is capacity + 4, or
+partial rate reported, marked `*`), BENCH_BEST_CAPACITY (100; the pool is capacity + 4, or
 + what the rendered settings reserve when more), BENCH_WAKE_COUNT (200),
 BENCH_PGBENCH_SECONDS (10), BENCH_ROWS (comma-separated row keys, all by default),
 DEMO_PG_URL (the admin URL), DEMO_REDIS_URL.
@@ -86,7 +86,7 @@ ITEMS = _env_int("BENCH_ITEMS", 20000)
 SINGLES = _env_int("BENCH_SINGLES", 1000)
 BATCH = _env_int("BENCH_BATCH", 1000)
 DRAIN_TIMEOUT = float(os.environ.get("BENCH_DRAIN_TIMEOUT", "120"))
-BEST_CAPACITY = _env_int("BENCH_BEST_CAPACITY", 50)
+BEST_CAPACITY = _env_int("BENCH_BEST_CAPACITY", 100)
 WAKE_COUNT = _env_int("BENCH_WAKE_COUNT", 200)
 WAKE_CADENCE = 0.02
 PGBENCH_SECONDS = _env_int("BENCH_PGBENCH_SECONDS", 10)
