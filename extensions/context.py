@@ -182,13 +182,7 @@ def preflight(context: dict[str, Any]) -> str:
     if not facts.is_host:
         host = hostfacts.enclosing_host(dst)
         if host is not None:
-            src = context.get("_src_path") or _conf(context, "src_path") or "<template>"
-            raise UserMessageError(
-                f"{dst} is inside the host {host}, not its root: the template renders into "
-                f"the host root. Run instead: cd {host} && copier copy --trust --defaults {src} . "
-                f"-d worker_name={worker} -d work_kind={kind}"
-                + (f" -d lane={lane}" if lane != "default" else "")
-            )
+            raise UserMessageError(inside_host(context, dst, host, worker, kind, lane))
         raise UserMessageError(
             f"{dst} is not a host root: {'; '.join(facts.problems)} "
             "(see docs/host-contract.md; run copier from the root of the monorepo)"
@@ -551,6 +545,20 @@ class ContextUpdater(ContextHook):
         context["_launch_plan"] = lambda: launch_plan(context)
 
 
+def inside_host(
+    context: dict[str, Any], dst: Path, host: Path, worker: str, kind: str, lane: str
+) -> str:
+    """The refusal of a destination inside a host that is neither its root nor a
+    `workers/<name>` folder of it, with the command to run instead."""
+    src = context.get("_src_path") or _conf(context, "src_path") or "<template>"
+    return (
+        f"{dst} is inside the host {host}, not its root: the template renders into "
+        f"the host root. Run instead: cd {host} && copier copy --trust --defaults {src} . "
+        f"-d worker_name={worker or '<name>'} -d work_kind={kind or '<KIND>'}"
+        + (f" -d lane={lane}" if lane and lane != "default" else "")
+    )
+
+
 def required(context: dict[str, Any], question: str) -> str:
     """The default of a question without one: '' when copier prompts (the prompt then asks),
     a one-line refusal with `--defaults` (copier would raise `Question ... is required`).
@@ -561,6 +569,21 @@ def required(context: dict[str, Any], question: str) -> str:
     if question == "worker_name" and not is_replay_folder(dst) and launch_host(dst):
         return dst.name
     if _conf(context, "defaults"):
+        # A wrong folder is the first thing to fix: say so before asking for an answer.
+        checked = target(context)
+        if not is_replay_folder(checked) and not hostfacts.discover_host(checked).is_host:
+            host = hostfacts.enclosing_host(checked)
+            if host is not None:
+                raise UserMessageError(
+                    inside_host(
+                        context,
+                        checked,
+                        host,
+                        str(context.get("worker_name") or ""),
+                        str(context.get("work_kind") or ""),
+                        str(context.get("lane") or ""),
+                    )
+                )
         example = {"worker_name": "shipment-notifier", "work_kind": "NOTIFY_SHIPMENT"}
         raise UserMessageError(
             f"{question} is required: add -d {question}={example.get(question, '<value>')}"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REFERENCE_HOST, commit_all, tree_state
+from conftest import REFERENCE_HOST, commit_all, copy_template, tree_state
 from copier.errors import UserMessageError
 
 
@@ -95,6 +95,20 @@ def test_a_folder_inside_the_host_names_the_command(
     assert " . -d worker_name=shipment-notifier -d work_kind=NOTIFY_SHIPMENT" in message
     assert tree_state(host) == ""
     assert not (host / "services" / "shipment-notifier").exists()
+
+
+def test_a_folder_inside_the_host_is_named_before_a_missing_answer(
+    make_host: Callable[..., Path], template_repo: Path
+) -> None:
+    """`copier copy --defaults <tpl> services/foo -d work_kind=FOO` (no worker_name): the
+    wrong folder is the first thing to fix, so it is what the refusal says."""
+    host = make_host(REFERENCE_HOST)
+    with pytest.raises(UserMessageError) as caught:
+        copy_template(template_repo, host / "services" / "foo", "v0.0.2", work_kind="FOO")
+    message = str(caught.value)
+    assert f"inside the host {host}, not its root" in message
+    assert "-d worker_name=<name> -d work_kind=FOO" in message
+    assert tree_state(host) == ""
 
 
 def test_existing_worker_is_refused_with_the_update_command(
