@@ -77,8 +77,8 @@ class Worker:
         return self.name.replace("-", "_").upper() + "_"
 
 
-CHAOS_RUN_S = 0.1
-"""How long `--chaos` lets the paused worker run before it kills it (s)."""
+CHAOS_WAIT_S = 5.0
+"""How long `--chaos` waits, after resuming the paused worker, for it to hold an item (s)."""
 
 FIRST = ("shipment-notifier", "NOTIFY_SHIPMENT")
 SECOND = ("invoice-mailer", "SEND_INVOICE")
@@ -258,6 +258,33 @@ async def counts(backend: Backend) -> Counter[str]:
     return found
 
 
+async def until_claimed(backend: Backend, within: float) -> int:
+    """Poll the table over one connection until some item is claimed; how many are (0 after
+    `within` seconds). The worker drains 200 items in a tenth of a second, so a fixed pause
+    before the kill could find it holding none."""
+    query = "SELECT count(*) FROM work_items WHERE status = 'CLAIMED'"
+    deadline = time.monotonic() + within
+    if backend.sqlite_path is not None:
+        with sqlite3.connect(backend.sqlite_path, timeout=5) as db:
+            while time.monotonic() < deadline:
+                (claimed,) = db.execute(query).fetchone()
+                if claimed:
+                    return int(claimed)
+                await asyncio.sleep(0.001)
+        return 0
+    assert backend.admin_url is not None
+    conn = await asyncpg.connect(backend.admin_url)
+    try:
+        while time.monotonic() < deadline:
+            claimed = await conn.fetchval(query)
+            if claimed:
+                return int(claimed)
+            await asyncio.sleep(0.001)
+    finally:
+        await conn.close()
+    return 0
+
+
 def start_worker(host: Path, env: dict[str, str], worker: Worker) -> None:
     """`<worker> serve` as its own process (its own session, so signals reach uv's child)."""
     out = worker.log.open("ab")
@@ -398,8 +425,7 @@ def main() -> int:
             )
         if args.chaos and victim.proc is not None:
             os.killpg(victim.proc.pid, signal.SIGCONT)
-            time.sleep(CHAOS_RUN_S)
-            claimed = asyncio.run(counts(backend))["claimed"]
+            claimed = asyncio.run(until_claimed(backend, CHAOS_WAIT_S))
             step(
                 f"chaos: SIGKILL {victim.name} (pid {victim.proc.pid}) "
                 f"with {claimed} item(s) claimed"
