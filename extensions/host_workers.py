@@ -249,7 +249,7 @@ def known_ref(ref: str, refs: dict[str, str], src: str, root: Path) -> bool:
         local = root / local
     if local.is_dir():
         found = subprocess.run(
-            ["git", "-C", str(local), "cat-file", "-e", f"{ref}^{{commit}}"],
+            ["git", "-C", str(local), "cat-file", "-e", ref + "^{commit}"],
             check=False,
             capture_output=True,
         )
