@@ -137,6 +137,12 @@ KINDS_START, KINDS_END = "<!-- >>> kinds -->", "<!-- <<< kinds -->"
 _CONFLICT_LINE = re.compile(r"^(<{7}|={7}|>{7})( |$)")
 
 
+def kind_line(kind: str, worker: str) -> str:
+    """One worker's line in the kinds list of `work/README.md` (no newline); the template's
+    own `work/README.md.jinja` renders the namespace owner's line the same way."""
+    return f"- `{kind}`, handled by the `{worker}` worker"
+
+
 def kind_entries(root: Path) -> dict[str, str]:
     """Every worker's kind and name as `work/README.md` lists them: the namespace owner
     first, then the others in the order they were copied (their `metrics_port` answers)."""
@@ -177,8 +183,7 @@ def settle_kinds(root: Path) -> list[str]:
         if not any(_CONFLICT_LINE.match(line) for line in lines[i + 1 : j]):
             continue
         lines[i + 1 : j] = [
-            f"- `{kind}`, handled by the `{name}` worker\n"
-            for kind, name in kind_entries(root).items()
+            f"{kind_line(kind, name)}\n" for kind, name in kind_entries(root).items()
         ]
         path.write_text("".join(lines), encoding="utf-8")
         rel = str(path.relative_to(root))

@@ -905,12 +905,12 @@ def edit_om_readme(text: str, spec: Spec, limit: int) -> str:
     return text + sep + f"- {entry}\n"
 
 
-KINDS_START, KINDS_END = "<!-- >>> kinds -->", "<!-- <<< kinds -->"
+KINDS_START, KINDS_END = host_workers.KINDS_START, host_workers.KINDS_END
 
 
 def edit_work_readme(text: str, spec: Spec, limit: int) -> str:
     """`work/README.md` (existing namespace): the new kind named between the kind markers."""
-    line = f"- `{spec.work_kind}`, handled by the `{spec.worker_name}` worker"
+    line = host_workers.kind_line(spec.work_kind, spec.worker_name)
     if KINDS_START not in text:
         sep = "" if text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
         text = text + sep + f"## Kinds\n\n{KINDS_START}\n{KINDS_END}\n"
