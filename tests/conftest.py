@@ -47,45 +47,24 @@ GIT_ENV = {
 UPDATE_MARKER = "# template v0.0.2"
 
 
-# The reference host's database roles (its infra-up.sh and om/tests/conftest.py create them
-# the same way when missing).
-ROLES_SQL = """
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'acme_owner') THEN
-        CREATE ROLE acme_owner LOGIN NOSUPERUSER NOCREATEROLE CREATEDB;
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'acme_app') THEN
-        CREATE ROLE acme_app LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS;
-    END IF;
-END
-$$;
-"""
 ADMIN_URL = os.environ.get("ACME_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Create the reference host's roles once, before any test (in the xdist controller
-    only): two hosts' test sessions creating a missing role at the same moment would race
-    (`CREATE ROLE` fails on the second with a unique violation). A database that is down
-    is left for the tests that need it to report."""
+    """Run the reference host's own `scripts/infra-up.sh` once, before any test (in the
+    xdist controller only): it creates the host's database roles, and two hosts' test
+    sessions creating a missing role at the same moment would race (`CREATE ROLE` fails
+    on the second with a unique violation). A failure is left for the tests that need the
+    database to report."""
     if hasattr(session.config, "workerinput"):
         return
-    import asyncio
-
-    import asyncpg
-
-    async def create() -> None:
-        conn = await asyncpg.connect(ADMIN_URL, timeout=5)
-        try:
-            await conn.execute(ROLES_SQL)
-        finally:
-            await conn.close()
-
-    try:
-        asyncio.run(create())
-    except (OSError, asyncpg.PostgresError):
-        pass
+    subprocess.run(
+        ["bash", "scripts/infra-up.sh"],
+        cwd=REFERENCE_HOST,
+        capture_output=True,
+        check=False,
+        timeout=120,
+    )
 
 
 def git(cwd: Path, *args: str) -> str:

@@ -32,7 +32,6 @@ import pytest
 import yaml
 from conftest import (
     ADMIN_URL,
-    ROLES_SQL,
     VENV_BIN,
     commit_all,
     copy_host,
@@ -359,7 +358,8 @@ def databases() -> Iterator[list[str]]:
 def new_database(names: list[str]) -> str:
     name = f"acme_schema_{uuid.uuid4().hex[:10]}"
     names.append(name)
-    asyncio.run(_admin(ROLES_SQL, f'CREATE DATABASE "{name}" OWNER acme_owner'))
+    # The roles come from the reference host's infra-up.sh, run by conftest at session start.
+    asyncio.run(_admin(f'CREATE DATABASE "{name}" OWNER acme_owner'))
     return name
 
 
