@@ -52,6 +52,10 @@ def derive_names(*, worker_name: str, work_kind: str) -> dict[str, str]:
     }
 
 
+RESERVED_WORKER_NAMES = {"runtime": "the worker runtime every worker runs on"}
+"""Names under `workers/` the template renders itself, never a worker's."""
+
+
 def answer_problems(*, worker_name: str, work_kind: str, lane: str) -> list[str]:
     """The rule each answer breaks, as one sentence per problem ([] when all are valid).
 
@@ -75,6 +79,11 @@ def answer_problems(*, worker_name: str, work_kind: str, lane: str) -> list[str]
         problems.append(
             f"lane {lane!r} must be snake_case "
             "(lowercase letters and digits, words joined by '_', e.g. default)"
+        )
+    if worker_name in RESERVED_WORKER_NAMES:
+        problems.append(
+            f"worker_name {worker_name!r} is reserved: workers/{worker_name} holds "
+            f"{RESERVED_WORKER_NAMES[worker_name]}; choose another name"
         )
     if problems:
         return problems

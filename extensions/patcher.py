@@ -321,17 +321,27 @@ def _storage_getter(
 # --- the fragments ------------------------------------------------------------------------
 
 
+RUNTIME_MEMBER = "workers/runtime"
+"""The worker runtime's workspace member, rendered by the namespace owner."""
+
+
 def edit_workspace(text: str, spec: Spec, limit: int) -> str:
-    """Root `pyproject.toml`: `workers/<name>` in `[tool.uv.workspace] members`."""
+    """Root `pyproject.toml`: `workers/<name>` in `[tool.uv.workspace] members`, and for
+    the namespace owner `workers/runtime` (the engine) before it."""
     doc = tomlkit.parse(text)
     try:
         members = doc["tool"]["uv"]["workspace"]["members"]
     except KeyError as exc:
         raise Missing("pyproject.toml: no `members` array in [tool.uv.workspace]") from exc
-    member = f"workers/{spec.worker_name}"
-    if member in [str(m) for m in members] or "workers/*" in [str(m) for m in members]:
+    wanted = [f"workers/{spec.worker_name}"]
+    if spec.namespace_absent:
+        wanted.insert(0, RUNTIME_MEMBER)  # the engine the owner renders (workers/runtime)
+    present = [str(m) for m in members]
+    missing = [m for m in wanted if m not in present and "workers/*" not in present]
+    if not missing:
         return text
-    members.append(member)
+    for member in missing:
+        members.append(member)
     return tomlkit.dumps(doc)
 
 

@@ -1,4 +1,4 @@
-"""The worker's Prometheus metrics, served on `/metrics` by `main.py`.
+"""The worker's Prometheus metrics, served on `/metrics` by `server.py`.
 
 Every metric lives on one `CollectorRegistry` the caller owns (a fresh one per test, the
 process registry in production), so two loops in one process never collide. Durations are
@@ -80,6 +80,12 @@ class WorkerMetrics:
             "worker_items_dead_lettered",
             "Attempts that failed at max_attempts: the item is a dead letter",
             ["kind"],
+            registry=registry,
+        )
+        self.hook_failures = Counter(
+            "worker_hook_failures",
+            "A worker's after-the-fact item hook (after_item, on_dead_letter) that raised",
+            ["hook"],
             registry=registry,
         )
         self.released = Counter(
