@@ -412,6 +412,94 @@ def retire(
     return Retired(True, f"retired {', '.join(unedited)}: unedited, the update removes them")
 
 
+# --- the carry migration -------------------------------------------------------------------------
+
+
+def _carry_one(carry: ModuleType, path: str, old: str, user: str) -> Any:
+    """The user's edits of `path` (by its file name: settings.py or container.py)."""
+    if path.endswith("/settings.py"):
+        return carry.settings_edits(old, user)
+    if path.endswith("/container.py"):
+        return carry.container_edits(old, user)
+    raise ValueError(f"carry: no carry for {path} (settings.py and container.py only)")
+
+
+def carry_edits(
+    host: Path, answers_file: str, patterns: list[str], ref_from: str, stage: str
+) -> Retired:
+    """Carry the user's edits of the files `patterns` names across the runtime move
+    (extensions/carry.py says what moves and how), in copier's two migration stages.
+
+    Before: each file the user edited (HEAD against the old template's rendering, as
+    `retire` compares) is checked; an edit that cannot be carried stops the update, its
+    line naming the file and the part, with nothing written. Otherwise the file is put
+    back to the old rendering, in the working tree and the index, so copier's merge writes
+    the new version without conflicts. After: the edits (read again from HEAD) go into the
+    new version copier wrote, and the index is reset to HEAD. Returns `Retired(True, what
+    it did)`, or `Retired(False, line)` to stop.
+    """
+    if not is_real_host(host):
+        return Retired(True, "skipped: not the real host")
+    recorded = _git(host, "show", f"HEAD:{answers_file}")
+    if recorded.returncode != 0:
+        return Retired(True, f"skipped: {answers_file} is not in HEAD")
+    before = _yaml().safe_load(recorded.stdout) or {}
+    fill = names(before)
+    try:
+        paths = [pattern.format(**fill) for pattern in patterns]
+    except (KeyError, IndexError) as exc:
+        return Retired(False, f"carry: unknown placeholder {exc} in {' '.join(patterns)}")
+    users = {path: _git(host, "show", f"HEAD:{path}") for path in paths}
+    present = [path for path, shown in users.items() if shown.returncode == 0]
+    if not present:
+        return Retired(True, f"skipped: {', '.join(paths)} not in HEAD")
+    carry = _sibling("carry")
+    root = str(before.get("host_root", ""))
+    length = int(_sibling("patcher").line_length(host))
+    done: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="worker-template.carry.") as tmp:
+        old = Path(tmp) / "old"
+        render_old(
+            before,
+            str(before.get("_src_path", "")),
+            ref_from or str(before.get("_commit", "")),
+            old,
+        )
+        for path in present:
+            base = old / path
+            user = users[path].stdout
+            if not base.is_file() or base.read_text(encoding="utf-8") == user:
+                continue
+            try:
+                edits = _carry_one(carry, path, base.read_text(encoding="utf-8"), user)
+            except carry.Unsupported as exc:
+                return Retired(
+                    False,
+                    f"{path}: {exc}. Nothing was updated. Undo that change (or move it by hand "
+                    "after the update), commit, and run the update again.",
+                )
+            if edits.empty:
+                continue
+            if stage == "before":
+                (host / path).write_text(base.read_text(encoding="utf-8"), encoding="utf-8")
+                _git(host, "add", "--", path)
+                done.append(path)
+                continue
+            target = host / path
+            if not target.is_file():
+                continue
+            apply = carry.apply_settings if path.endswith("/settings.py") else carry.apply_container
+            target.write_text(
+                apply(target.read_text(encoding="utf-8"), edits, root, length), encoding="utf-8"
+            )
+            _git(host, "reset", "-q", "--", path)
+            done.append(path)
+    if not done:
+        return Retired(True, "skipped: no edits to carry")
+    verb = "will carry your edits of" if stage == "before" else "carried your edits into"
+    return Retired(True, f"{verb} {', '.join(done)}")
+
+
 # --- command line ----------------------------------------------------------------------------
 
 
@@ -434,6 +522,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", dest="paths", action="append", required=True)
     p.add_argument("--note", default="", help="where the file's code went (one short phrase)")
     p.add_argument("--host", default=".")
+    p = sub.add_parser(
+        "carry",
+        help="carry the user's edits of settings.py and container.py across the runtime move",
+    )
+    p.add_argument("--answers-file", required=True)
+    p.add_argument("--path", dest="paths", action="append", required=True)
+    p.add_argument("--host", default=".")
     return parser
 
 
@@ -454,6 +549,19 @@ def main(argv: list[str] | None = None) -> int:
             print(decided.message, file=sys.stderr, flush=True)
             return 1
         print(f"    migrate  {decided.message}", flush=True)
+        return 0
+    if args.command == "carry":
+        carried = carry_edits(
+            Path(args.host),
+            args.answers_file,
+            list(args.paths),
+            os.environ.get("VERSION_FROM", ""),
+            os.environ.get("STAGE", "before"),
+        )
+        if not carried.proceed:
+            print(carried.message, file=sys.stderr, flush=True)
+            return 1
+        print(f"    migrate  {carried.message}", flush=True)
         return 0
     result = move(
         Path(args.host), args.answers_file, args.old, args.new, os.environ.get("VERSION_FROM", "")

@@ -333,16 +333,20 @@ def edit_workspace(text: str, spec: Spec, limit: int) -> str:
         members = doc["tool"]["uv"]["workspace"]["members"]
     except KeyError as exc:
         raise Missing("pyproject.toml: no `members` array in [tool.uv.workspace]") from exc
-    wanted = [f"workers/{spec.worker_name}"]
-    if spec.namespace_absent:
-        wanted.insert(0, RUNTIME_MEMBER)  # the engine the owner renders (workers/runtime)
+    own = f"workers/{spec.worker_name}"
     present = [str(m) for m in members]
-    missing = [m for m in wanted if m not in present and "workers/*" not in present]
-    if not missing:
+    if "workers/*" in present:
         return text
-    for member in missing:
-        members.append(member)
-    return tomlkit.dumps(doc)
+    changed = False
+    if own not in present:
+        members.append(own)
+        changed = True
+    if spec.namespace_absent and RUNTIME_MEMBER not in present:
+        # Before the owner's own member, where a fresh copy puts it (an updated owner's
+        # host then lists its members as one copied at the new version does).
+        members.insert([str(m) for m in members].index(own), RUNTIME_MEMBER)
+        changed = True
+    return tomlkit.dumps(doc) if changed else text
 
 
 def edit_tenantless(text: str, spec: Spec, limit: int) -> str:

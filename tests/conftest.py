@@ -214,8 +214,10 @@ def release_change(repo: Path) -> None:
     git(repo, "mv", f"{WORKER_TPL}/README.md.jinja", f"{WORKER_TPL}/docs/README.md.jinja")
     config = repo / "copier.yml"
     text = config.read_text(encoding="utf-8")
-    assert "_migrations: []\n" in text
-    config.write_text(text.replace("_migrations: []\n", RELEASE_MIGRATION), encoding="utf-8")
+    assert text.count("\n_migrations:\n") == 1
+    config.write_text(
+        text.replace("\n_migrations:\n", "\n" + RELEASE_MIGRATION, 1), encoding="utf-8"
+    )
     item = repo / NAMESPACE_TPL / "types" / "work_item.py.jinja"
     text = item.read_text(encoding="utf-8")
     anchor = "from .kinds import"

@@ -79,8 +79,10 @@ def retire_history(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     config = repo / "copier.yml"
     text = config.read_text(encoding="utf-8")
-    assert "_migrations: []\n" in text
-    config.write_text(text.replace("_migrations: []\n", RETIRE_MIGRATION), encoding="utf-8")
+    assert text.count("\n_migrations:\n") == 1
+    config.write_text(
+        text.replace("\n_migrations:\n", "\n" + RETIRE_MIGRATION, 1), encoding="utf-8"
+    )
     commit_all(repo, "release v0.0.2: the loop moves into shared code")
     git(repo, "tag", "v0.0.2")
     return repo

@@ -1,0 +1,275 @@
+"""The worker runtime written once (issue 13, docs/decisions/0017), over real template history.
+
+- A host rendered at the 0.1.0 release (commit e75b510, tagged `v0.1.0` in a clone made
+  by the test) and updated to the working tree (`v0.2.0`) ends with one engine
+  (`workers/runtime`) and thin workers, the user's edits in the handler, the settings and
+  the container intact, and passes its own lint, type check and worker tests.
+- A worker file whose code moved into the engine, edited by the user, stops the update
+  with one line naming it, and nothing is written.
+- A fix to the loop reaches every worker with one `copier update` of the namespace owner.
+
+The whole-host invariant (an update from 0.1.0 equals a fresh copy) is
+tests/test_fragment_update.py's.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import copier
+import pytest
+from conftest import (
+    REPO,
+    _working_tree_files,
+    commit_all,
+    copy_host,
+    git,
+    host_gate,
+    tree_state,
+    uv_sync,
+)
+
+RELEASE_0_1_0 = "e75b510"
+A = {"worker_name": "shipment-notifier", "work_kind": "NOTIFY_SHIPMENT"}
+B = {"worker_name": "invoice-mailer", "work_kind": "SEND_INVOICE", "lane": "bulk"}
+PKG_A = "workers/shipment-notifier/src/acme/workers/shipment_notifier"
+PKG_B = "workers/invoice-mailer/src/acme/workers/invoice_mailer"
+ENGINE = "workers/runtime/src/acme/workers/runtime"
+MOVED = ("metrics.py", "testing.py")  # per-worker files at 0.1.0 whose code is the engine's
+MOVED_TESTS = ("test_process.py",)
+HANDLER_EDIT = "# our handler: carries over untouched (the file is ours)\n"
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The template repository: v0.1.0 (e75b510), then the working tree as v0.2.0."""
+    repo = tmp_path_factory.mktemp("runtime-releases") / "worker-template"
+    subprocess.run(
+        ["git", "clone", "-q", "--no-checkout", str(REPO), str(repo)], check=True, timeout=120
+    )
+    git(repo, "checkout", "-q", "-B", "main", RELEASE_0_1_0)
+    git(repo, "tag", "v0.1.0")
+    for old in git(repo, "ls-files", "-z").split("\0"):
+        if old:
+            (repo / old).unlink()
+    for rel in _working_tree_files():
+        if "/.venv/" in f"/{rel}" or "__pycache__" in rel:
+            continue
+        target = repo / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, target)
+    commit_all(repo, "the working tree")
+    git(repo, "tag", "v0.2.0")
+    return repo
+
+
+def _copy(template: Path, host: Path, ref: str, **answers: Any) -> None:
+    copier.run_copy(
+        str(template), str(host), data=answers, vcs_ref=ref, unsafe=True, defaults=True, quiet=True
+    )
+
+
+def _update(host: Path, name: str, ref: str) -> None:
+    copier.run_update(
+        str(host),
+        answers_file=f"workers/{name}/.copier-answers.yml",
+        vcs_ref=ref,
+        unsafe=True,
+        defaults=True,
+        overwrite=True,
+        skip_answered=True,
+        quiet=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def old_host(releases: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two workers copied at v0.1.0 (the owner first), committed."""
+    host = copy_host(tmp_path_factory.mktemp("runtime-v010") / "host")
+    for answers in (A, B):
+        _copy(releases, host, "v0.1.0", **answers)
+        commit_all(host, f"add {answers['worker_name']}")
+    return host
+
+
+@pytest.fixture
+def host(old_host: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "host"
+    shutil.copytree(old_host, dst, symlinks=True)
+    return dst
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"{path.name}: {old!r} found {text.count(old)}x"
+    path.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def _conflicts(host: Path) -> list[str]:
+    marked = re.compile(r"^(<{7}|>{7}) ", re.MULTILINE)
+    return [
+        str(p.relative_to(host))
+        for p in host.rglob("*")
+        if p.is_file()
+        and ".git" not in p.parts
+        and p.suffix in (".py", ".toml", ".md", ".yml")
+        and marked.search(p.read_text(encoding="utf-8", errors="replace"))
+    ]
+
+
+@pytest.mark.slow
+def test_a_0_1_0_host_updated_has_one_engine_thin_workers_and_the_users_edits(
+    host: Path, uv_env: dict[str, str]
+) -> None:
+    (host / PKG_A / "handler.py").write_text(
+        (host / PKG_A / "handler.py").read_text() + HANDLER_EDIT
+    )
+    settings = host / PKG_A / "settings.py"
+    _edit(
+        settings,
+        'capacity: int = Field(default=4, ge=1, description="items handled at once")',
+        'capacity: int = Field(default=6, ge=1, description="items handled at once")',
+    )
+    _edit(
+        settings,
+        '    metrics_host: str = "127.0.0.1"\n',
+        (
+            '    metrics_host: str = "127.0.0.1"\n'
+            '    smtp_host: str = Field(default="localhost", description="where mail goes")\n'
+        ),
+    )
+    container = host / PKG_B / "container.py"
+    _edit(
+        container,
+        "    handler = SendInvoiceHandlerImpl(audit=managers.audit)\n",
+        (
+            "    audit: AuditManagerInterface = managers.audit  # ours: named for the next manager\n"
+            "    handler = SendInvoiceHandlerImpl(audit=audit)\n"
+        ),
+    )
+    _edit(
+        container,
+        "from acme.infra.container import Infra\n",
+        (
+            "from acme.infra.container import Infra\nfrom acme.om.audit import AuditManagerInterface\n"
+        ),
+    )
+    commit_all(host, "our edits")
+
+    for name in ("shipment-notifier", "invoice-mailer"):  # the owner first
+        _update(host, name, "v0.2.0")
+        commit_all(host, f"update {name}")
+
+    assert (host / ENGINE / "loop.py").is_file() and (host / "workers/runtime/tests").is_dir()
+    for pkg, worker in ((PKG_A, "shipment-notifier"), (PKG_B, "invoice-mailer")):
+        for moved in MOVED:
+            assert not (host / pkg / moved).exists(), f"{pkg}/{moved} is still there"
+        for moved in MOVED_TESTS:
+            assert not (host / f"workers/{worker}/tests/{moved}").exists()
+        loop = (host / pkg / "loop.py").read_text()
+        assert "WORKER = Worker(" in loop and "class WorkerLoop" not in loop
+        assert len(loop.splitlines()) < 40
+    assert _conflicts(host) == []
+    assert (host / PKG_A / "handler.py").read_text().endswith(HANDLER_EDIT)
+    carried = settings.read_text()
+    assert 'capacity: int = Field(default=6, ge=1, description="items handled at once")' in carried
+    assert 'smtp_host: str = Field(default="localhost", description="where mail goes")' in carried
+    assert "from pydantic import Field" in carried
+    assert "class WorkerSettings(RuntimeSettings):" in carried
+    carried = container.read_text()
+    assert "        audit: AuditManagerInterface = managers.audit  # ours" in carried
+    assert "from acme.om.audit import AuditManagerInterface" in carried
+    assert "class WorkerContainer(RuntimeContainer):" in carried
+    assert tree_state(host) == ""
+
+    synced = uv_sync(host, uv_env)
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    host_gate(host, uv_env, "make", "lint", "format-check", "typecheck")
+    out = host_gate(
+        host, uv_env, "uv", "run", "--all-packages", "pytest", "-q", "-p", "no:cacheprovider",
+        "workers/shipment-notifier/tests", "workers/invoice-mailer/tests",
+    )  # fmt: skip
+    assert " passed" in out.splitlines()[-1] and "failed" not in out.splitlines()[-1]
+    settings_now = host_gate(
+        host, uv_env, "uv", "run", "--all-packages", "python", "-c",
+        "from acme.workers.shipment_notifier.settings import WorkerSettings as S; "
+        "s = S(); print(s.capacity, s.smtp_host, s.lease)",
+    )  # fmt: skip
+    assert settings_now.split() == ["6", "localhost", "30.0"]
+
+
+def test_an_edited_loop_stops_the_update_naming_it_with_nothing_written(
+    host: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    loop = host / PKG_A / "loop.py"
+    loop.write_text(loop.read_text() + "# our tweak to the claim loop\n")
+    commit_all(host, "our loop tweak")
+    head = git(host, "rev-parse", "HEAD")
+
+    with pytest.raises(Exception):  # noqa: B017  (copier's TaskError)
+        _update(host, "shipment-notifier", "v0.2.0")
+
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith(PKG_A)]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{PKG_A}/loop.py: you changed it since template ")
+    assert "workers/runtime" in lines[0] and "Nothing was updated." in lines[0]
+    assert tree_state(host) == ""
+    assert git(host, "rev-parse", "HEAD") == head
+    assert not (host / "workers/runtime").exists()
+
+
+def test_a_settings_edit_of_what_the_engine_owns_now_stops_the_update(
+    host: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    settings = host / PKG_A / "settings.py"
+    _edit(settings, '"sweep": 1}', '"sweep": 2}')
+    commit_all(host, "a reserved connection more")
+
+    with pytest.raises(Exception):  # noqa: B017  (copier's TaskError)
+        _update(host, "shipment-notifier", "v0.2.0")
+
+    err = capfd.readouterr().err
+    assert f"{PKG_A}/settings.py: settings.py: you changed `RESERVED_CONNECTIONS`" in err
+    assert tree_state(host) == ""
+
+
+# --- a loop fix is one update of the owner ---------------------------------------------------
+
+ENGINE_TPL = (
+    "template/workers/{% if namespace_absent %}runtime{% endif %}/src/{{ host_root }}"
+    "/workers/runtime/loop.py.jinja"
+)
+FIX = ("_ERROR_LIMIT = 2000", "_ERROR_LIMIT = 4000")
+
+
+def test_a_loop_fix_reaches_every_worker_with_one_update_of_the_owner(
+    tmp_path: Path, make_host: Callable[..., Path]
+) -> None:
+    from conftest import snapshot_template
+
+    template = snapshot_template(tmp_path / "worker-template")  # tagged v0.0.1
+    _edit(template / ENGINE_TPL, f"{FIX[0]} ", f"{FIX[1]} ")
+    commit_all(template, "v0.0.2: a loop fix")
+    git(template, "tag", "v0.0.2")
+    host = make_host()
+    for answers in (A, B):
+        _copy(template, host, "v0.0.1", **answers)
+        commit_all(host, f"add {answers['worker_name']}")
+    engine = host / ENGINE / "loop.py"
+    assert FIX[0] in engine.read_text()
+
+    _update(host, "shipment-notifier", "v0.0.2")
+
+    assert FIX[1] in engine.read_text()
+    changed = {line[3:] for line in tree_state(host).splitlines()}
+    assert f"{ENGINE}/loop.py" in changed
+    assert not any(path.startswith("workers/invoice-mailer/") for path in changed), changed
+    for pkg in (PKG_A, PKG_B):  # neither worker holds a loop of its own: both run the engine's
+        thin = (host / pkg / "loop.py").read_text()
+        assert "from acme.workers.runtime.worker import Worker" in thin
+        assert "_ERROR_LIMIT" not in thin
