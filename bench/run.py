@@ -824,7 +824,7 @@ def _reserved_connections(host: Path, env: dict[str, str]) -> int:
     """The pool beside the handler slots: 4, or more when the rendered settings reserve more
     (their `RESERVED_CONNECTIONS`; a worker refuses to start on a smaller pool)."""
     code = (
-        "from acme.workers.shipment_notifier import settings as s;"
+        "from acme.workers.runtime import settings as s;"
         "print(sum(getattr(s, 'RESERVED_CONNECTIONS', {}).values()))"
     )
     done = subprocess.run(

@@ -40,7 +40,18 @@ absent, or never rendered for these answers), the update goes on and copier dele
 edited, the command prints one line naming the file(s) and what to do, and exits 1, so
 copier stops with nothing written.
 
-Both commands act only in the real host (a git work tree outside copier's temporary
+The migration command, for a release that changes the shape of a worker file the user
+edits (v0.2.0: `settings.py` and `container.py` became subclasses of the worker runtime's;
+docs/decisions/0017), run in both stages:
+
+    python extensions/lifecycle.py carry --answers-file <file> --path <path> [--path ...]
+
+Before, an edit the carry cannot move (extensions/carry.py) stops the update with one line;
+a movable one is set aside (the file goes back to the old release's rendering, so copier's
+merge writes the new shape cleanly). After, the edits (from git `HEAD`) go into the new
+shape.
+
+All three commands act only in the real host (a git work tree outside copier's temporary
 folders, `is_real_host`): copier 9.19.1 runs `_migrations` in the real destination only,
 but a replay that ran them would find no host to change, and they must stay replay-safe.
 The guard scripts/release_guard.py reads these commands' arguments (`build_parser`) to

@@ -347,7 +347,7 @@ def _stages(when: str | None) -> frozenset[str]:
 def steps(config_text: str) -> list[Step]:
     """The `lifecycle.py move|retire` entries of a copier.yml's `_migrations`.
 
-    Entries running anything else are left out; one whose arguments `lifecycle.py` would
+    Entries running anything else (`lifecycle.py carry` too) are left out; one whose arguments `lifecycle.py` would
     refuse raises `GuardError` naming its position.
     """
     import shlex
@@ -368,6 +368,8 @@ def steps(config_text: str) -> list[Step]:
             raise GuardError(
                 f"_migrations[{index}]: lifecycle.py refuses {' '.join(parts[at + 1 :])}"
             ) from exc
+        if args.command not in ("move", "retire"):
+            continue  # `carry` keeps its paths: nothing leaves the render
         version = spec.get("version")
         found.append(
             Step(

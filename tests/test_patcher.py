@@ -103,7 +103,8 @@ def test_first_worker_applies_every_changed_row(host: Path) -> None:
     om = host / "om/src/acme/om"
     assert (om / "work/types/kinds.py").read_text() == KINDS_SHAPE
     pyproject = (host / "pyproject.toml").read_text()
-    assert 'members = ["om", "infra", "services/api", "workers/shipment-notifier"]' in pyproject
+    members = ["om", "infra", "services/api", "workers/runtime", "workers/shipment-notifier"]
+    assert f"members = {json.dumps(members)}" in pyproject
     assert '    "acme.om.work.storage.WorkStorageInterface.claim_next",\n]' in pyproject
     roles = (om / "storage/roles.py").read_text()
     assert '    "work_items": DatabaseRole.QUEUE,\n}' in roles

@@ -5,7 +5,7 @@ rendered, or a `_migrations` entry carries each one across (issue 11, item 4).
 answer sets. The guard renders the working tree with the same answers and reports every
 released path it no longer renders unless a `lifecycle.py move` (after stage) or
 `lifecycle.py retire` (before stage) entry that runs for workers at that release covers it.
-A scripted release that moves `metrics.py` without a migration proves the guard fails.
+A scripted release that moves `container.py` without a migration proves the guard fails.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from types import ModuleType
 import pytest
 from conftest import REPO, commit_all, git, snapshot_template
 
-MOVED_FROM = "workers/{worker_name}/src/{host_root}/workers/{worker_module}/metrics.py"
-MOVED_TO = "workers/{worker_name}/src/{host_root}/workers/{worker_module}/observability/metrics.py"
+MOVED_FROM = "workers/{worker_name}/src/{host_root}/workers/{worker_module}/container.py"
+MOVED_TO = "workers/{worker_name}/src/{host_root}/workers/{worker_module}/wiring/container.py"
 PKG_TPL = "template/workers/{{ worker_name }}/src/{{ host_root }}/workers/{{ worker_module }}"
 
 
@@ -45,8 +45,18 @@ def manifest() -> dict[str, object]:
 
 
 def migrations(*entries: str) -> str:
-    """A copier.yml holding only `_migrations` (what `guard.steps` reads)."""
-    return "_migrations:\n" + "".join(entries)
+    """A copier.yml holding only `_migrations` (what `guard.steps` reads): `entries`, then
+    the working tree's own (those of the runtime move, which the scripted release keeps)."""
+    own = guard._yaml_load((REPO / "copier.yml").read_text())["_migrations"]
+    return "_migrations:\n" + "".join(entries) + guard_yaml_dump(own)
+
+
+def guard_yaml_dump(entries: list[object]) -> str:
+    """`entries` as the items of a YAML list, indented as `_migrations` items are."""
+    import yaml
+
+    text = yaml.safe_dump(entries, sort_keys=False, width=1000)
+    return "".join(f"  {line}\n" for line in text.splitlines())
 
 
 def lifecycle_entry(*args: str, version: str | None = "v0.2.0", when: str | None = None) -> str:
@@ -63,7 +73,7 @@ def lifecycle_entry(*args: str, version: str | None = "v0.2.0", when: str | None
     return "".join(lines)
 
 
-STATS = MOVED_TO.replace("metrics.py", "stats.py")
+STATS = MOVED_TO.replace("container.py", "handlers.py")
 MOVE = ("move", "--answers-file", "{{ _copier_conf.answers_file }}", "--from", MOVED_FROM)
 RETIRE = ("retire", "--answers-file", "{{ _copier_conf.answers_file }}", "--path", MOVED_FROM)
 BEFORE = "{{ _stage == 'before' }}"
@@ -137,12 +147,12 @@ def test_the_template_renders_every_path_of_the_last_release() -> None:
 
 @pytest.fixture(scope="module")
 def moved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[object]]:
-    """A scripted release: the working tree, then `metrics.py` moved to `observability/`
+    """A scripted release: the working tree, then `container.py` moved to `wiring/`
     with no `_migrations` entry; the template repo and its renders per scenario."""
     repo = snapshot_template(tmp_path_factory.mktemp("guard") / "worker-template")
-    (repo / PKG_TPL / "observability").mkdir()
-    git(repo, "mv", f"{PKG_TPL}/metrics.py", f"{PKG_TPL}/observability/metrics.py")
-    commit_all(repo, "release v0.2.0: metrics moved, no migration")
+    (repo / PKG_TPL / "wiring").mkdir()
+    git(repo, "mv", f"{PKG_TPL}/container.py.jinja", f"{PKG_TPL}/wiring/container.py.jinja")
+    commit_all(repo, "release v0.3.0: the container moved, no migration")
     return repo, guard.render_tree(manifest(), repo)
 
 
@@ -190,7 +200,7 @@ def test_a_move_or_retire_entry_that_runs_for_the_release_satisfies_the_guard(
         (lifecycle_entry(*RETIRE), "_migrations[0] (retire) must run in the before stage"),
         (
             lifecycle_entry(
-                "move", "--answers-file", "a.yml", "--from", "{workers}/metrics.py", "--to", "x"
+                "move", "--answers-file", "a.yml", "--from", "{workers}/container.py", "--to", "x"
             ),
             "_migrations[0] names an unknown placeholder",
         ),
@@ -230,8 +240,10 @@ def test_an_entry_that_does_not_carry_the_path_leaves_the_gap(
 def test_steps_refuses_an_entry_lifecycle_would_refuse() -> None:
     with pytest.raises(guard.GuardError, match=r"_migrations\[0\]: lifecycle.py refuses"):
         guard.steps(migrations(lifecycle_entry("move", "--from", "a")))
-    other = migrations("  - version: v9.0.0\n    command: echo hi\n")
+    other = "_migrations:\n  - version: v9.0.0\n    command: echo hi\n"
     assert guard.steps(other) == []
+    carry = lifecycle_entry("carry", "--answers-file", "a.yml", "--path", "x/settings.py")
+    assert guard.steps("_migrations:\n" + carry) == [], "carry keeps its paths"
 
 
 def test_check_command_prints_one_line_per_gap_and_exits_1(tmp_path: Path) -> None:

@@ -67,6 +67,38 @@ NAMESPACE_FILES = [
     "om/tests/unit/test_outbox_relay_work.py",
     f"{WORK}/enqueuers/__init__.py",
 ]
+# The worker runtime (issue 13), rendered with the namespace by its owner.
+RUNTIME = "workers/runtime"
+RUNTIME_FILES = (
+    [f"{RUNTIME}/pyproject.toml", f"{RUNTIME}/README.md"]
+    + [
+        f"{RUNTIME}/src/acme/workers/runtime/{f}.py"
+        for f in (
+            "__init__",
+            "settings",
+            "loop",
+            "metrics",
+            "server",
+            "cli",
+            "container",
+            "worker",
+            "testing",
+            "fixtures",
+            "contract",
+        )
+    ]
+    + [
+        f"{RUNTIME}/tests/{f}.py"
+        for f in (
+            "conftest",
+            "test_loop",
+            "test_main",
+            "test_process",
+            "test_wake_ups",
+            "test_container",
+        )
+    ]
+)
 MIGRATION_PATTERNS = [
     rf"om/migrations/{path}"
     for name in (
@@ -90,11 +122,9 @@ WORKER_FILES = [
     f"{PKG}/container.py",
     f"{PKG}/loop.py",
     f"{PKG}/main.py",
+    f"{WORKER}/tests/conftest.py",
     f"{WORKER}/tests/test_handler.py",
     f"{WORKER}/tests/test_loop.py",
-    f"{WORKER}/tests/test_wake_ups.py",
-    f"{WORKER}/tests/test_container.py",
-    f"{WORKER}/tests/test_main.py",
     f"{WORK}/enqueuers/notify_shipment.py",
     "om/tests/unit/test_enqueue_notify_shipment.py",
     "deployment/docker/shipment-notifier.Dockerfile",
@@ -110,7 +140,9 @@ def rendered(make_host: Callable[..., Path], render: Callable[..., Any]) -> Path
 
 
 def test_render_creates_every_created_file(rendered: Path) -> None:
-    missing = [f for f in NAMESPACE_FILES + WORKER_FILES if not (rendered / f).is_file()]
+    missing = [
+        f for f in NAMESPACE_FILES + RUNTIME_FILES + WORKER_FILES if not (rendered / f).is_file()
+    ]
     assert missing == []
     files = [str(p.relative_to(rendered)) for p in rendered.rglob("*") if p.is_file()]
     for pattern in MIGRATION_PATTERNS:
@@ -220,17 +252,27 @@ def test_arch_check_passes_after_the_render_and_fails_without_claim_next_listed(
     assert f"{CLAIM_NEXT} takes no org_id" in failed.stderr
 
 
-def test_env_example_lists_every_setting(rendered: Path) -> None:
-    tree = ast.parse((rendered / PKG / "settings.py").read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "WorkerSettings")
-    fields = [
+def _fields(path: Path, name: str) -> list[str]:
+    """The fields `class <name>` in `path` declares (class variables left out)."""
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    return [
         s.target.id
         for s in cls.body
         if isinstance(s, ast.AnnAssign)
         and isinstance(s.target, ast.Name)
+        and "ClassVar" not in ast.unparse(s.annotation)
         and s.target.id not in patcher.SHARED_SETTINGS
     ]
+
+
+def test_env_example_lists_every_setting(rendered: Path) -> None:
+    """Every field of the runtime's settings, which each worker's settings inherit (and the
+    worker's own defaults are a subset of), in `.env.example` under the worker's prefix."""
+    engine = rendered / RUNTIME / "src/acme/workers/runtime/settings.py"
+    fields = _fields(engine, "RuntimeSettings")
     assert fields == [name for name, _ in patcher.WORKER_SETTINGS]
+    assert set(_fields(rendered / PKG / "settings.py", "WorkerSettings")) <= set(fields)
     env = (rendered / ".env.example").read_text()
     for name in fields:
         assert f"\nSHIPMENT_NOTIFIER_{name.upper()}=" in env

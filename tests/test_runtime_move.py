@@ -42,7 +42,7 @@ PKG_B = "workers/invoice-mailer/src/acme/workers/invoice_mailer"
 ENGINE = "workers/runtime/src/acme/workers/runtime"
 MOVED = ("metrics.py", "testing.py")  # per-worker files at 0.1.0 whose code is the engine's
 MOVED_TESTS = ("test_process.py",)
-HANDLER_EDIT = "# our handler: carries over untouched (the file is ours)\n"
+HANDLER_EDIT = "\n\n# our handler: carries over untouched (the file is ours)\n"
 
 
 @pytest.fixture(scope="module")
