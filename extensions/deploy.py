@@ -1,6 +1,6 @@
 """The worker's deployment fragments: the deploy workflows and the local compose file.
 
-Seed 000, Changed: the staging workflow builds the worker's image, pushes it under the
+docs/host-contract.md, Deployment: the staging workflow builds the worker's image, pushes it under the
 commit and records its digest by commit; the production workflow promotes that digest for
 the release commit and never rebuilds; with `container: true` the worker also runs as a
 container in `deployment/local/docker-compose.full.yml`. Both workflows already do this for

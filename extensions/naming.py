@@ -1,4 +1,4 @@
-"""Answer rules and derived names (seed 000, Input): one place turns the answers into names.
+"""Answer rules and derived names (docs/answers.md): one place turns the answers into names.
 
 Pure functions, no imports beyond the standard library: the context hook (copier's Python,
 every render) and the host patcher (a copier task) both load this module by file path.
@@ -25,7 +25,7 @@ KEYWORDS = (
 
 
 def camel(upper_snake: str) -> str:
-    """`NOTIFY_SHIPMENT` -> `NotifyShipment`; `NOOP` -> `Noop` (seed 000, Input)."""
+    """`NOTIFY_SHIPMENT` -> `NotifyShipment`; `NOOP` -> `Noop` (docs/answers.md)."""
     return "".join(part.capitalize() for part in upper_snake.split("_") if part)
 
 

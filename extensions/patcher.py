@@ -5,7 +5,7 @@ Run by copier as a task in the destination (copier.yml `_tasks`):
     python <template>/extensions/patcher.py --operation copy --answers-file workers/<name>/.copier-answers.yml
 
 It reads the worker's recorded answers, then edits the host files many workers share
-(seed 000, Changed; docs/host-contract.md): libcst for Python, tomlkit for TOML, and text
+(docs/host-contract.md): libcst for Python, tomlkit for TOML, and text
 between explicit markers for shell, env and Markdown. Each fragment first looks for its
 own edit and changes nothing when it is there, so applying twice is byte-identical.
 
@@ -350,7 +350,8 @@ def edit_workspace(text: str, spec: Spec, limit: int) -> str:
 
 
 def edit_tenantless(text: str, spec: Spec, limit: int) -> str:
-    """Root `pyproject.toml`: the tenant-less storage methods in CTX-12 (seed, Procedure 4).
+    """Root `pyproject.toml`: the tenant-less storage methods in CTX-12 (the host's
+    arch check, docs/host-contract.md).
 
     `claim_next`, and `claim_many` when the rendered storage interface declares it.
     """

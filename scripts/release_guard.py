@@ -1,7 +1,7 @@
 """Release guard: no rendered path of the last release disappears without a migration.
 
 Copier deletes every file the new template version no longer renders, the user's edits
-included, exits 0 and says nothing (copier-facts §4). A release that moves or drops a
+included, exits 0 and says nothing (docs/updating.md, "Copier's limits"). A release that moves or drops a
 rendered path therefore needs a `_migrations` entry in copier.yml that carries the user's
 copy across: `lifecycle.py move` (3-way merge into the new path, after stage) or
 `lifecycle.py retire` (stops the update when the user edited the file, before stage).
