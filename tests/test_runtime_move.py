@@ -40,7 +40,7 @@ B = {"worker_name": "invoice-mailer", "work_kind": "SEND_INVOICE", "lane": "bulk
 PKG_A = "workers/shipment-notifier/src/acme/workers/shipment_notifier"
 PKG_B = "workers/invoice-mailer/src/acme/workers/invoice_mailer"
 ENGINE = "workers/runtime/src/acme/workers/runtime"
-MOVED = ("metrics.py", "testing.py")  # per-worker files at 0.1.0 whose code is the engine's
+MOVED = ("metrics.py",)  # a per-worker file at 0.1.0 whose code is the engine's now
 MOVED_TESTS = ("test_process.py",)
 HANDLER_EDIT = "\n\n# our handler: carries over untouched (the file is ours)\n"
 
@@ -174,6 +174,8 @@ def test_a_0_1_0_host_updated_has_one_engine_thin_workers_and_the_users_edits(
         loop = (host / pkg / "loop.py").read_text()
         assert "WORKER = Worker(" in loop and "class WorkerLoop" not in loop
         assert len(loop.splitlines()) < 40
+        testing = (host / pkg / "testing.py").read_text()  # thin: the user's tests import it
+        assert "class GateHandler" not in testing and "return testing.new_items(WORKER" in testing
     assert _conflicts(host) == []
     assert (host / PKG_A / "handler.py").read_text().endswith(HANDLER_EDIT)
     carried = settings.read_text()
