@@ -346,6 +346,23 @@ class Retired:
     message: str
 
 
+def _recorded_paths(
+    host: Path, answers_file: str, patterns: list[str], command: str
+) -> tuple[dict[str, Any], list[str]] | Retired:
+    """The worker's answers as recorded in `HEAD` and `patterns` filled from them; a
+    `Retired` to return instead when there is nothing to do (no answers in `HEAD`) or the
+    entry is wrong (a placeholder `names` does not know)."""
+    recorded = _git(host, "show", f"HEAD:{answers_file}")
+    if recorded.returncode != 0:
+        return Retired(True, f"skipped: {answers_file} is not in HEAD")
+    before = _yaml().safe_load(recorded.stdout) or {}
+    fill = names(before)
+    try:
+        return before, [pattern.format(**fill) for pattern in patterns]
+    except (KeyError, IndexError) as exc:
+        return Retired(False, f"{command}: unknown placeholder {exc} in {' '.join(patterns)}")
+
+
 def retire(
     host: Path,
     answers_file: str,
@@ -376,15 +393,11 @@ def retire(
             "`_migrations` entry needs `when: \"{{ _stage == 'before' }}\"` (report it to "
             "the template's maintainers); `git checkout -- . && git clean -fd` undoes this update",
         )
-    recorded = _git(host, "show", f"HEAD:{answers_file}")
-    if recorded.returncode != 0:
-        return Retired(True, f"skipped: {answers_file} is not in HEAD")
-    before = _yaml().safe_load(recorded.stdout) or {}
+    found = _recorded_paths(host, answers_file, patterns, "retire")
+    if isinstance(found, Retired):
+        return found
+    before, paths = found
     fill = names(before)
-    try:
-        paths = [pattern.format(**fill) for pattern in patterns]
-    except (KeyError, IndexError) as exc:
-        return Retired(False, f"retire: unknown placeholder {exc} in {' '.join(patterns)}")
     present = [path for path in paths if (host / path).is_file()]
     if not present:
         return Retired(True, f"skipped: {', '.join(paths)} not in the worker")
@@ -451,15 +464,10 @@ def carry_edits(
     """
     if not is_real_host(host):
         return Retired(True, "skipped: not the real host")
-    recorded = _git(host, "show", f"HEAD:{answers_file}")
-    if recorded.returncode != 0:
-        return Retired(True, f"skipped: {answers_file} is not in HEAD")
-    before = _yaml().safe_load(recorded.stdout) or {}
-    fill = names(before)
-    try:
-        paths = [pattern.format(**fill) for pattern in patterns]
-    except (KeyError, IndexError) as exc:
-        return Retired(False, f"carry: unknown placeholder {exc} in {' '.join(patterns)}")
+    found = _recorded_paths(host, answers_file, patterns, "carry")
+    if isinstance(found, Retired):
+        return found
+    before, paths = found
     users = {path: _git(host, "show", f"HEAD:{path}") for path in paths}
     present = [path for path, shown in users.items() if shown.returncode == 0]
     if not present:
@@ -544,40 +552,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one migration; 0 done or nothing to do, 1 `retire` refused (its line on stderr)."""
+    """Run one migration; 0 done or nothing to do, 1 `retire` or `carry` refused (its line
+    on stderr)."""
     args = build_parser().parse_args(argv)
+    env = os.environ.get
+    if args.command == "move":
+        result = move(
+            Path(args.host), args.answers_file, args.old, args.new, env("VERSION_FROM", "")
+        )
+        print(f"    migrate  {result}")
+        return 0
     if args.command == "retire":
         decided = retire(
             Path(args.host),
             args.answers_file,
             list(args.paths),
-            os.environ.get("VERSION_FROM", ""),
-            os.environ.get("VERSION_TO", ""),
+            env("VERSION_FROM", ""),
+            env("VERSION_TO", ""),
             args.note,
-            os.environ.get("STAGE", "before"),
+            env("STAGE", "before"),
         )
-        if not decided.proceed:
-            print(decided.message, file=sys.stderr, flush=True)
-            return 1
-        print(f"    migrate  {decided.message}", flush=True)
-        return 0
-    if args.command == "carry":
-        carried = carry_edits(
-            Path(args.host),
-            args.answers_file,
-            list(args.paths),
-            os.environ.get("VERSION_FROM", ""),
-            os.environ.get("STAGE", "before"),
-        )
-        if not carried.proceed:
-            print(carried.message, file=sys.stderr, flush=True)
-            return 1
-        print(f"    migrate  {carried.message}", flush=True)
-        return 0
-    result = move(
-        Path(args.host), args.answers_file, args.old, args.new, os.environ.get("VERSION_FROM", "")
-    )
-    print(f"    migrate  {result}")
+    else:
+        decided = carry_edits(
+            Path(args.host), args.answers_file, list(args.paths), env("VERSION_FROM", ""),
+            env("STAGE", "before"),
+        )  # fmt: skip
+    if not decided.proceed:
+        print(decided.message, file=sys.stderr, flush=True)
+        return 1
+    print(f"    migrate  {decided.message}", flush=True)
     return 0
 
 

@@ -136,15 +136,21 @@ def _working_tree_files() -> list[str]:
     return [f for f in out.split("\0") if f and (REPO / f).is_file()]
 
 
-def snapshot_template(dst: Path) -> Path:
-    """Copy the template's working tree into `dst`, git-initialised, committed, tagged `v0.0.1`."""
-    dst.mkdir(parents=True)
+def copy_working_tree(dst: Path) -> None:
+    """Every file of the template's working tree (tracked, or untracked and not ignored)
+    into `dst`, as it is on disk; no virtualenv or bytecode."""
     for rel in _working_tree_files():
         if "/.venv/" in f"/{rel}" or "__pycache__" in rel:
             continue
         target = dst / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, target)
+
+
+def snapshot_template(dst: Path) -> Path:
+    """Copy the template's working tree into `dst`, git-initialised, committed, tagged `v0.0.1`."""
+    dst.mkdir(parents=True)
+    copy_working_tree(dst)
     git(dst, "init", "-q", "-b", "main")
     commit_all(dst, "template snapshot")
     git(dst, "tag", "v0.0.1")
@@ -233,6 +239,27 @@ def template_history(tmp_path_factory: pytest.TempPathFactory) -> Path:
     commit_all(repo, "release v0.0.2: scripted template change")
     git(repo, "tag", "v0.0.2")
     return repo
+
+
+RELEASE_0_1_0 = "e75b510"
+"""The template's 0.1.0 release, a commit of this repository (tags do not survive here)."""
+
+
+def release_history(dst: Path) -> Path:
+    """This repository cloned into `dst`: the 0.1.0 release (`RELEASE_0_1_0`) tagged
+    `v0.1.0`, then the working tree, uncommitted changes included, tagged `v0.2.0`."""
+    subprocess.run(
+        ["git", "clone", "-q", "--no-checkout", str(REPO), str(dst)], check=True, timeout=120
+    )
+    git(dst, "checkout", "-q", "-B", "main", RELEASE_0_1_0)
+    git(dst, "tag", "v0.1.0")
+    for old in git(dst, "ls-files", "-z").split("\0"):
+        if old:
+            (dst / old).unlink()
+    copy_working_tree(dst)
+    commit_all(dst, "the working tree")
+    git(dst, "tag", "v0.2.0")
+    return dst
 
 
 def copy_host(dst: Path, source: Path = REFERENCE_HOST) -> Path:

@@ -31,18 +31,16 @@ import pytest
 import yaml
 from conftest import (
     REFERENCE_HOST,
-    REPO,
     VENV_BIN,
-    _working_tree_files,
     commit_all,
     copy_host,
     git,
     load_extension,
+    release_history,
     tree_state,
 )
 from copier.errors import UserMessageError
 
-RELEASE_0_1_0 = "e75b510"
 A = {"worker_name": "shipment-notifier", "work_kind": "NOTIFY_SHIPMENT"}
 B = {
     "worker_name": "invoice-mailer",
@@ -127,23 +125,7 @@ def _patch(repo: Path, edits: list[tuple[str, str, str]]) -> None:
 @pytest.fixture(scope="session")
 def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The template repository: v0.1.0 (e75b510), v0.2.0 (the working tree), v0.3.0, v0.4.0."""
-    repo = tmp_path_factory.mktemp("releases") / "worker-template"
-    subprocess.run(
-        ["git", "clone", "-q", "--no-checkout", str(REPO), str(repo)], check=True, timeout=120
-    )
-    git(repo, "checkout", "-q", "-B", "main", RELEASE_0_1_0)
-    git(repo, "tag", "v0.1.0")
-    for old in git(repo, "ls-files", "-z").split("\0"):
-        if old:
-            (repo / old).unlink()
-    for rel in _working_tree_files():
-        if "/.venv/" in f"/{rel}" or "__pycache__" in rel:
-            continue
-        target = repo / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / rel, target)
-    commit_all(repo, "the working tree")
-    git(repo, "tag", "v0.2.0")
+    repo = release_history(tmp_path_factory.mktemp("releases") / "worker-template")
     _patch(repo, V030)
     commit_all(repo, "v0.3.0: POLL_INTERVAL 3, a dev metrics line per worker")
     git(repo, "tag", "v0.3.0")

@@ -16,25 +16,21 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import copier
 import pytest
 from conftest import (
-    REPO,
-    _working_tree_files,
     commit_all,
     copy_host,
     git,
     host_gate,
+    release_history,
     tree_state,
     uv_sync,
 )
+from test_fragment_update import copy, update
 
-RELEASE_0_1_0 = "e75b510"
 A = {"worker_name": "shipment-notifier", "work_kind": "NOTIFY_SHIPMENT"}
 B = {"worker_name": "invoice-mailer", "work_kind": "SEND_INVOICE", "lane": "bulk"}
 PKG_A = "workers/shipment-notifier/src/acme/workers/shipment_notifier"
@@ -48,43 +44,7 @@ HANDLER_EDIT = "\n\n# our handler: carries over untouched (the file is ours)\n"
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The template repository: v0.1.0 (e75b510), then the working tree as v0.2.0."""
-    repo = tmp_path_factory.mktemp("runtime-releases") / "worker-template"
-    subprocess.run(
-        ["git", "clone", "-q", "--no-checkout", str(REPO), str(repo)], check=True, timeout=120
-    )
-    git(repo, "checkout", "-q", "-B", "main", RELEASE_0_1_0)
-    git(repo, "tag", "v0.1.0")
-    for old in git(repo, "ls-files", "-z").split("\0"):
-        if old:
-            (repo / old).unlink()
-    for rel in _working_tree_files():
-        if "/.venv/" in f"/{rel}" or "__pycache__" in rel:
-            continue
-        target = repo / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / rel, target)
-    commit_all(repo, "the working tree")
-    git(repo, "tag", "v0.2.0")
-    return repo
-
-
-def _copy(template: Path, host: Path, ref: str, **answers: Any) -> None:
-    copier.run_copy(
-        str(template), str(host), data=answers, vcs_ref=ref, unsafe=True, defaults=True, quiet=True
-    )
-
-
-def _update(host: Path, name: str, ref: str) -> None:
-    copier.run_update(
-        str(host),
-        answers_file=f"workers/{name}/.copier-answers.yml",
-        vcs_ref=ref,
-        unsafe=True,
-        defaults=True,
-        overwrite=True,
-        skip_answered=True,
-        quiet=True,
-    )
+    return release_history(tmp_path_factory.mktemp("runtime-releases") / "worker-template")
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +52,7 @@ def old_host(releases: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two workers copied at v0.1.0 (the owner first), committed."""
     host = copy_host(tmp_path_factory.mktemp("runtime-v010") / "host")
     for answers in (A, B):
-        _copy(releases, host, "v0.1.0", **answers)
+        copy(releases, host, "v0.1.0", **answers)
         commit_all(host, f"add {answers['worker_name']}")
     return host
 
@@ -162,7 +122,7 @@ def test_a_0_1_0_host_updated_has_one_engine_thin_workers_and_the_users_edits(
     commit_all(host, "our edits")
 
     for name in ("shipment-notifier", "invoice-mailer"):  # the owner first
-        _update(host, name, "v0.2.0")
+        update(host, name, "v0.2.0")
         commit_all(host, f"update {name}")
 
     assert (host / ENGINE / "loop.py").is_file() and (host / "workers/runtime/tests").is_dir()
@@ -214,7 +174,7 @@ def test_an_edited_loop_stops_the_update_naming_it_with_nothing_written(
     head = git(host, "rev-parse", "HEAD")
 
     with pytest.raises(Exception):  # noqa: B017  (copier's TaskError)
-        _update(host, "shipment-notifier", "v0.2.0")
+        update(host, "shipment-notifier", "v0.2.0")
 
     lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith(PKG_A)]
     assert len(lines) == 1, lines
@@ -225,7 +185,7 @@ def test_an_edited_loop_stops_the_update_naming_it_with_nothing_written(
     assert not (host / "workers/runtime").exists()
 
 
-def test_a_settings_edit_of_what_the_engine_owns_now_stops_the_update(
+def test_a_settings_edit_of_what_the_engine_owns_now_stops_theupdate(
     host: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     settings = host / PKG_A / "settings.py"
@@ -233,7 +193,7 @@ def test_a_settings_edit_of_what_the_engine_owns_now_stops_the_update(
     commit_all(host, "a reserved connection more")
 
     with pytest.raises(Exception):  # noqa: B017  (copier's TaskError)
-        _update(host, "shipment-notifier", "v0.2.0")
+        update(host, "shipment-notifier", "v0.2.0")
 
     err = capfd.readouterr().err
     assert f"{PKG_A}/settings.py: settings.py: you changed `RESERVED_CONNECTIONS`" in err
@@ -260,12 +220,12 @@ def test_a_loop_fix_reaches_every_worker_with_one_update_of_the_owner(
     git(template, "tag", "v0.0.2")
     host = make_host()
     for answers in (A, B):
-        _copy(template, host, "v0.0.1", **answers)
+        copy(template, host, "v0.0.1", **answers)
         commit_all(host, f"add {answers['worker_name']}")
     engine = host / ENGINE / "loop.py"
     assert FIX[0] in engine.read_text()
 
-    _update(host, "shipment-notifier", "v0.0.2")
+    update(host, "shipment-notifier", "v0.0.2")
 
     assert FIX[1] in engine.read_text()
     changed = {line[3:] for line in tree_state(host).splitlines()}
