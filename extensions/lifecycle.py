@@ -508,10 +508,17 @@ def carry_edits(
             if not target.is_file():
                 continue
             apply = carry.apply_settings if path.endswith("/settings.py") else carry.apply_container
-            target.write_text(
-                apply(target.read_text(encoding="utf-8"), edits, root, length), encoding="utf-8"
-            )
             _git(host, "reset", "-q", "--", path)
+            try:
+                carried = apply(target.read_text(encoding="utf-8"), edits, root, length)
+            except carry.Unsupported as exc:  # the new version is not the shape expected
+                return Retired(
+                    False,
+                    f"{path}: your edits could not be carried into the new version ({exc}); "
+                    f"they are in `git show HEAD:{path}`: put them back by hand, or undo the "
+                    "update with `git checkout -- . && git clean -fd`",
+                )
+            target.write_text(carried, encoding="utf-8")
             done.append(path)
     if not done:
         return Retired(True, "skipped: no edits to carry")
