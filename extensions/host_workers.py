@@ -913,7 +913,16 @@ def rename(root: Path, old: str, new: str) -> int:
             target.write_text(mine, encoding="utf-8")
             kept.append(str(target.relative_to(root)))
     leftover = root / "workers" / old
-    for stray in sorted(p for p in leftover.rglob("*") if p.is_file() and p.name != ANSWERS):
+    # What git ignores there (bytecode, caches) is regenerated, not the user's: it goes.
+    ignored = set(
+        git(root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--",
+            f"workers/{old}").split("\0")
+    )  # fmt: skip
+    strays = [
+        p for p in leftover.rglob("*")
+        if p.is_file() and p.name != ANSWERS and str(p.relative_to(root)) not in ignored
+    ]  # fmt: skip
+    for stray in sorted(strays):
         target = root / substitute(str(stray.relative_to(root)), subs)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(stray, target)
@@ -965,10 +974,14 @@ def restore(root: Path, name: str, file: str, force: bool = False) -> int:
             "and run `copier update` or this command again"
         )
     if target.exists() and not force:
-        edited = bool(git(root, "status", "--porcelain", "--", file, check=False).strip())
+        status = git(root, "status", "--porcelain", "--", file, check=False).strip()
+        state = {"": "", "??": " and is not tracked by git"}.get(
+            status[:2], " and has uncommitted changes"
+        )
         raise RefusedError(
-            f"{file} exists{' and has uncommitted changes' if edited else ''}; restore brings "
-            "back a deleted file: delete it first, or pass --force to overwrite it"
+            f"{file} exists{state}; restore brings back a deleted file: delete it first, or "
+            "overwrite it with FORCE=1 (make restore-worker-file) or --force "
+            "(scripts/workers.py restore)"
         )
     answers = read_answers(path)
     data = {k: v for k, v in answers.items() if not k.startswith("_")}

@@ -339,9 +339,22 @@ def bar(done: int, total: int, width: int = 30) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number of at least 1, refused before anything is rendered."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{number} is not at least 1")
+    return number
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--count", type=int, default=200, help="items per worker (default 200)")
+    parser.add_argument(
+        "--count", type=_at_least_one, default=200, help="items per worker (default 200)"
+    )
     parser.add_argument("--backend", choices=["auto", "server", "embedded"], default="auto")
     parser.add_argument("--chaos", action="store_true", help="SIGKILL a worker mid-run, restart")
     parser.add_argument("--two-workers", action="store_true", help="add invoice-mailer as well")

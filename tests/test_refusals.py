@@ -210,7 +210,8 @@ def test_restore_renders_into_its_scratch_folder_and_refuses_to_lose_work(
     assert done.returncode == 1
     assert done.stderr.strip() == (
         f"workers.py: {PKG}/main.py exists and has uncommitted changes; restore brings back a "
-        "deleted file: delete it first, or pass --force to overwrite it"
+        "deleted file: delete it first, or overwrite it with FORCE=1 (make restore-worker-file) or "
+        "--force (scripts/workers.py restore)"
     )
     assert main.read_text().endswith("# my uncommitted edit\n")
     handler = host / PKG / "handler.py"
