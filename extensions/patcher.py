@@ -1344,6 +1344,36 @@ def is_replay(folder: Path) -> bool:
     return folder.resolve().name.startswith("copier._main.") or not (folder / ".git").exists()
 
 
+def stale_env(host: Path, answers_file: str, spec: Spec) -> list[str]:
+    """What the host's own `.env` (local, never in git) still says that an update changed:
+    the worker's `<PREFIX>LANE` at the lane recorded before (`HEAD:<answers_file>`) when the
+    new answers moved it. `.env.example` follows the update; a `.env` copied from it does
+    not, and the worker would go on claiming the old lane. One line per finding; [] when
+    there is no `.env`, nothing recorded, or nothing stale."""
+    import subprocess
+
+    import yaml
+
+    env = host / ".env"
+    if not env.is_file():
+        return []
+    shown = subprocess.run(
+        ["git", "show", f"HEAD:{answers_file}"],
+        cwd=host,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    before = yaml.safe_load(shown.stdout) if shown.returncode == 0 else None
+    old = str(before.get("lane", "")) if isinstance(before, dict) else ""
+    if not old or old == spec.lane:
+        return []
+    line = f"{spec.names['worker_env_prefix']}LANE={old}"
+    if all(text.strip() != line for text in env.read_text(encoding="utf-8").splitlines()):
+        return []
+    return [f".env still sets {line}; the worker's lane is now {spec.lane} (see .env.example)"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--operation", choices=["copy", "update"], required=True)
@@ -1392,6 +1422,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    patched  {path}")
     for path in conflicted:
         print(f"    conflict {path}: resolve the markers, then `git add` it", file=sys.stderr)
+    if args.operation == "update":
+        for note in stale_env(host, args.answers_file, spec):
+            print(f"    note     {note}", file=sys.stderr)
     return 0
 
 

@@ -344,3 +344,35 @@ def test_one_line_class_body_is_named() -> None:
         patcher.Missing, match="`class CacheScope` has its body on the `class` line"
     ):
         patcher.edit_cache(text, FIRST, 100)
+
+
+ANSWERS_OF_A = {
+    "worker_name": "shipment-notifier",
+    "work_kind": "NOTIFY_SHIPMENT",
+    "host_root": "acme",
+    "namespace_absent": True,
+}
+
+
+def test_an_update_that_moves_the_lane_names_a_local_env_still_on_the_old_one(
+    tmp_path: Path,
+) -> None:
+    """`.env` is the developer's own copy of `.env.example` (never in git): the update
+    changes the example, and the patcher says which line of `.env` it left behind."""
+    host = tmp_path / "host"
+    (host / "workers/shipment-notifier").mkdir(parents=True)
+    answers = "workers/shipment-notifier/.copier-answers.yml"
+    (host / answers).write_text(
+        "worker_name: shipment-notifier\nwork_kind: NOTIFY_SHIPMENT\nlane: default\n"
+    )
+    git(host, "init", "-q", "-b", "main")
+    commit_all(host, "a worker on lane default")
+    (host / ".env").write_text("ACME_DATABASE_URL=\nSHIPMENT_NOTIFIER_LANE=default\n")
+    moved = patcher.Spec.from_answers({**ANSWERS_OF_A, "lane": "bulk"})
+
+    note = ".env still sets SHIPMENT_NOTIFIER_LANE=default; the worker's lane is now bulk"
+    assert patcher.stale_env(host, answers, moved) == [f"{note} (see .env.example)"]
+    kept = patcher.Spec.from_answers({**ANSWERS_OF_A, "lane": "default"})
+    assert patcher.stale_env(host, answers, kept) == []
+    (host / ".env").write_text("SHIPMENT_NOTIFIER_LANE=bulk\n")
+    assert patcher.stale_env(host, answers, moved) == []
