@@ -526,6 +526,55 @@ def carry_edits(
     return Retired(True, f"{verb} {', '.join(done)}")
 
 
+# --- the engine-first migration ------------------------------------------------------------------
+
+RUNTIME_INIT = "workers/runtime/src/{host_root}/workers/runtime/__init__.py"
+"""The worker runtime's package, which holds its `API_VERSION` (docs/decisions/0017)."""
+
+
+def engine_api(host: Path, host_root: str) -> int | None:
+    """The host's worker runtime API version (`API_VERSION = <n>` in its `__init__.py`), or
+    None when the host has no worker runtime."""
+    init = host / RUNTIME_INIT.format(host_root=host_root)
+    if not init.is_file():
+        return None
+    found = re.search(r"^API_VERSION = (\d+)", init.read_text(encoding="utf-8"), re.MULTILINE)
+    return int(found.group(1)) if found else 0
+
+
+def needs_engine(host: Path, answers_file: str, api: int) -> Retired:
+    """Stop the update of a worker whose new version runs on the worker runtime at API `api`
+    or newer while the host's runtime is older or absent: the owner of the `work` namespace
+    renders it, so the owner goes first. The owner itself, and a host whose runtime is new
+    enough, go on. Read before copier writes anything (before stage)."""
+    if not is_real_host(host):
+        return Retired(True, "skipped: not the real host")
+    recorded = _git(host, "show", f"HEAD:{answers_file}")
+    before = _yaml().safe_load(recorded.stdout) if recorded.returncode == 0 else None
+    if not isinstance(before, dict) or before.get("namespace_absent") is True:
+        return Retired(True, "skipped: this worker renders the worker runtime")
+    have = engine_api(host, str(before.get("host_root", "")))
+    if have is not None and have >= api:
+        return Retired(True, f"the worker runtime is at API {have}")
+    owner = next(
+        (
+            path.parent.name
+            for path in sorted(host.glob("workers/*/.copier-answers.yml"))
+            if (_yaml().safe_load(path.read_text(encoding="utf-8")) or {}).get("namespace_absent")
+            is True
+        ),
+        "<the worker that owns the work namespace>",
+    )
+    state = "does not have yet" if have is None else f"has only at API {have}"
+    return Retired(
+        False,
+        f"{before.get('worker_name')}: the new version runs on the worker runtime "
+        f"(workers/runtime, API {api}), which this host {state}; the worker that owns "
+        f"the work namespace brings it: run `make update-worker NAME={owner}` first (or "
+        "`make update-workers`, which starts with it). Nothing was updated.",
+    )
+
+
 # --- command line ----------------------------------------------------------------------------
 
 
@@ -549,6 +598,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--note", default="", help="where the file's code went (one short phrase)")
     p.add_argument("--host", default=".")
     p = sub.add_parser(
+        "needs-engine", help="stop a worker's update until the owner brought the engine"
+    )
+    p.add_argument("--answers-file", required=True)
+    p.add_argument("--api", type=int, required=True, help="the runtime API the worker needs")
+    p.add_argument("--host", default=".")
+    p = sub.add_parser(
         "carry",
         help="carry the user's edits of settings.py and container.py across the runtime move",
     )
@@ -569,7 +624,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"    migrate  {result}")
         return 0
-    if args.command == "retire":
+    if args.command == "needs-engine":
+        decided = needs_engine(Path(args.host), args.answers_file, args.api)
+    elif args.command == "retire":
         decided = retire(
             Path(args.host),
             args.answers_file,

@@ -235,3 +235,30 @@ def test_a_loop_fix_reaches_every_worker_with_one_update_of_the_owner(
         thin = (host / pkg / "loop.py").read_text()
         assert "from acme.workers.runtime.worker import Worker" in thin
         assert "_ERROR_LIMIT" not in thin
+
+
+def test_a_worker_updated_before_the_owner_waits_for_it_with_nothing_written(
+    host: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The second worker's new version runs on `workers/runtime`, which only the namespace
+    owner's update brings: updated first, it stops naming the owner's update (without this,
+    the host's `uv sync` failed on a workspace member that does not exist)."""
+    head = git(host, "rev-parse", "HEAD")
+
+    with pytest.raises(Exception):  # noqa: B017  (copier's TaskError)
+        update(host, "invoice-mailer", "v0.2.0")
+
+    err = capfd.readouterr().err
+    assert (
+        "invoice-mailer: the new version runs on the worker runtime (workers/runtime, API 1), "
+        "which this host does not have yet; the worker that owns the work namespace brings it: "
+        "run "
+        "`make update-worker NAME=shipment-notifier` first"
+    ) in err
+    assert tree_state(host) == ""
+    assert git(host, "rev-parse", "HEAD") == head
+
+    update(host, "shipment-notifier", "v0.2.0")  # the owner first, then the other goes on
+    commit_all(host, "the owner")
+    update(host, "invoice-mailer", "v0.2.0")
+    assert "WORKER = Worker(" in (host / PKG_B / "loop.py").read_text()
