@@ -1157,6 +1157,26 @@ class Previous:
     patcher: ModuleType
 
 
+def committed_answers(host: Path, answers_file: str) -> dict[str, Any] | None:
+    """The worker's answers as committed (`HEAD:<answers_file>`; copier updates only a clean
+    tree), or None when that file is not in `HEAD`."""
+    import subprocess
+
+    import yaml
+
+    shown = subprocess.run(
+        ["git", "show", f"HEAD:{answers_file}"],
+        cwd=host,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if shown.returncode != 0:
+        return None
+    loaded = yaml.safe_load(shown.stdout)
+    return loaded if isinstance(loaded, dict) else {}
+
+
 def previous_render(host: Path, answers_file: str) -> Previous | str:
     """The previous answers (the committed answers file: copier updates only a clean tree)
     and the patcher of the template version they record, or why they cannot be had.
@@ -1169,18 +1189,9 @@ def previous_render(host: Path, answers_file: str) -> Previous | str:
     import tarfile
     import tempfile
 
-    import yaml
-
-    shown = subprocess.run(
-        ["git", "show", f"HEAD:{answers_file}"],
-        cwd=host,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if shown.returncode != 0:
+    answers = committed_answers(host, answers_file)
+    if answers is None:
         return f"{answers_file} is not committed"
-    answers = yaml.safe_load(shown.stdout) or {}
     commit = str(answers.get("_commit") or "")
     repo = Path(__file__).resolve().parent.parent
     archive = subprocess.run(
@@ -1350,22 +1361,11 @@ def stale_env(host: Path, answers_file: str, spec: Spec) -> list[str]:
     new answers moved it. `.env.example` follows the update; a `.env` copied from it does
     not, and the worker would go on claiming the old lane. One line per finding; [] when
     there is no `.env`, nothing recorded, or nothing stale."""
-    import subprocess
-
-    import yaml
-
     env = host / ".env"
     if not env.is_file():
         return []
-    shown = subprocess.run(
-        ["git", "show", f"HEAD:{answers_file}"],
-        cwd=host,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    before = yaml.safe_load(shown.stdout) if shown.returncode == 0 else None
-    old = str(before.get("lane", "")) if isinstance(before, dict) else ""
+    before = committed_answers(host, answers_file)
+    old = str(before.get("lane", "")) if before else ""
     if not old or old == spec.lane:
         return []
     line = f"{spec.names['worker_env_prefix']}LANE={old}"

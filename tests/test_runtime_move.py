@@ -29,6 +29,7 @@ from conftest import (
     tree_state,
     uv_sync,
 )
+from copier.errors import TaskError
 from test_fragment_update import copy, update
 
 A = {"worker_name": "shipment-notifier", "work_kind": "NOTIFY_SHIPMENT"}
@@ -173,7 +174,7 @@ def test_an_edited_loop_stops_the_update_naming_it_with_nothing_written(
     commit_all(host, "our loop tweak")
     head = git(host, "rev-parse", "HEAD")
 
-    with pytest.raises(Exception):  # noqa: B017  (copier's TaskError)
+    with pytest.raises(TaskError):  # the migration's exit 1
         update(host, "shipment-notifier", "v0.2.0")
 
     lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith(PKG_A)]
@@ -192,7 +193,7 @@ def test_a_settings_edit_of_what_the_engine_owns_now_stops_theupdate(
     _edit(settings, '"sweep": 1}', '"sweep": 2}')
     commit_all(host, "a reserved connection more")
 
-    with pytest.raises(Exception):  # noqa: B017  (copier's TaskError)
+    with pytest.raises(TaskError):  # the migration's exit 1
         update(host, "shipment-notifier", "v0.2.0")
 
     err = capfd.readouterr().err
@@ -245,7 +246,7 @@ def test_a_worker_updated_before_the_owner_waits_for_it_with_nothing_written(
     the host's `uv sync` failed on a workspace member that does not exist)."""
     head = git(host, "rev-parse", "HEAD")
 
-    with pytest.raises(Exception):  # noqa: B017  (copier's TaskError)
+    with pytest.raises(TaskError):  # the migration's exit 1
         update(host, "invoice-mailer", "v0.2.0")
 
     err = capfd.readouterr().err
