@@ -11,12 +11,14 @@ PYTEST_ARGS ?=
 # pytest-xdist processes for make test: most tests wait on copier, uv and host test runs.
 PYTEST_WORKERS ?= auto
 
-.PHONY: help setup services demo test bench lint clean release-manifest release-check
+.PHONY: help setup services demo test bench chaos soak lint clean release-manifest release-check
 
 help:
 	@echo "make demo   render shipment-notifier into the reference host and process 200 items"
 	@echo "make test   run the template's whole test suite (sets everything up first)"
 	@echo "make bench  ours vs procrastinate and pgqueuer, held to bench/targets.json"
+	@echo "make chaos  10,000 items through 4 workers under kill -9, outages and half-open links"
+	@echo "make soak   30 minutes at half capacity: no growth in memory, connections, fds, tasks"
 	@echo "make lint   ruff and strict mypy over the template's own Python"
 	@echo "make release-manifest VERSION=vX.Y.Z [COMMIT=<sha>]   record a release's rendered paths"
 	@echo "make release-check   the template against those paths (also part of make test)"
@@ -49,12 +51,21 @@ test: setup services
 	@$(UV) run --locked ruff format --check --quiet extensions tests scripts bench
 	@$(UV) run --locked mypy
 	@$(UV) run --locked --quiet pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	@# The chaos harness's 1,000-item smoke, alone on the machine (its bounds are timings).
+	@$(UV) run --locked --quiet python scripts/chaos.py --items 1000 $(CHAOS_SMOKE_ARGS)
 
 ## The peers (procrastinate, pgqueuer) go into their own virtualenv, never into a host's.
 bench: setup services
 	@$(UV) venv --quiet --allow-existing --python $(PYTHON) .bench/peers-venv
 	@$(UV) pip install --quiet --python .bench/peers-venv/bin/python -r bench/requirements-peers.txt
 	@$(UV) run --locked --quiet python bench/run.py
+
+## Its own PostgreSQL cluster and redis-server (initdb, pg_ctl, free ports): never the shared ones.
+chaos: setup
+	@$(UV) run --locked --quiet python scripts/chaos.py $(CHAOS_ARGS)
+
+soak: setup
+	@$(UV) run --locked --quiet python scripts/chaos.py --mode soak $(SOAK_ARGS)
 
 lint: setup
 	@$(UV) run --locked ruff check extensions tests scripts bench
@@ -72,4 +83,4 @@ release-check: setup
 	@$(UV) run --locked --quiet python scripts/release_guard.py check
 
 clean:
-	rm -rf .demo .bench .cache
+	rm -rf .demo .bench .cache .chaos

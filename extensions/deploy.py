@@ -345,16 +345,23 @@ def _blocks(text: str) -> Iterable[tuple[str, list[str], str]]:
 
 
 def declared(texts: Iterable[str]) -> dict[str, set[str]]:
-    """What HCL sources declare: `var` names, `local` names and resources.
+    """What HCL sources declare: `var` names, `local` names, resources and outputs.
 
-    Keys: `variable`, `local`, `resource` (`<type>.<name>`). Reads blocks at column 0 and
-    attributes at two spaces, the layout `terraform fmt` gives.
+    Keys: `variable`, `local`, `resource` (`<type>.<name>`), `output`. Reads blocks at
+    column 0 and attributes at two spaces, the layout `terraform fmt` gives.
     """
-    found: dict[str, set[str]] = {"variable": set(), "local": set(), "resource": set()}
+    found: dict[str, set[str]] = {
+        "variable": set(),
+        "local": set(),
+        "resource": set(),
+        "output": set(),
+    }
     for text in texts:
         for kind, labels, body in _blocks(text):
             if kind == "variable" and labels:
                 found["variable"].add(labels[0])
+            elif kind == "output" and labels:
+                found["output"].add(labels[0])
             elif kind == "resource" and len(labels) == 2:
                 found["resource"].add(".".join(labels))
             elif kind == "locals":
@@ -365,8 +372,9 @@ def declared(texts: Iterable[str]) -> dict[str, set[str]]:
 def required(template: str, module: str) -> dict[str, set[str]]:
     """What the worker's Terraform template refers to and does not declare itself.
 
-    Keys: `variable`, `local`, `resource` (as `declared`), and `input`: the arguments of its
-    `module` block, which the service module must declare as variables.
+    Keys: `variable`, `local`, `resource` (as `declared`), `input`: the arguments of its
+    `module` block, which the service module must declare as variables, and `output`: the
+    module's outputs it reads (`module.<name>.<output>`).
     """
     text = template.replace("{{ worker_module }}", module)
     own = declared([text])
@@ -379,6 +387,7 @@ def required(template: str, module: str) -> dict[str, set[str]]:
             if f"{kind}.{name}" not in own["resource"]
         },
         "input": set(),
+        "output": set(re.findall(r"\bmodule\.\w+\.(\w+)", text)),
     }
     for kind, _labels, body in _blocks(text):
         if kind == "module":
@@ -396,13 +405,14 @@ def check_terraform(host: Path, spec: SpecLike) -> list[str]:
     """Every `<folder>: <missing part>` that keeps the worker's Terraform files from working.
 
     The rendered `environments/<env>/worker_<module>.tf` refers to the environment's shared
-    variables and locals, its alarm topic, and the service module's inputs; each one the
-    host does not declare is named ([] when all are there).
+    variables and locals, its alarm topic, and the service module's inputs and the outputs
+    it reads; each one the host does not declare is named ([] when all are there).
     """
     module = spec.names["worker_module"]
     problems: list[str] = []
     module_dir = host / SERVICE_MODULE
-    inputs = declared(_tf_texts(module_dir))["variable"] if module_dir.is_dir() else set()
+    service = declared(_tf_texts(module_dir)) if module_dir.is_dir() else None
+    inputs = service["variable"] if service else set()
     if not module_dir.is_dir():
         problems.append(f"{SERVICE_MODULE}: the service module does not exist")
     for env in ENVIRONMENTS:
@@ -424,6 +434,10 @@ def check_terraform(host: Path, spec: SpecLike) -> list[str]:
             for name in sorted(needs["input"] - inputs):
                 problems.append(
                     f'{SERVICE_MODULE}: no `variable "{name}"` (the {env} worker module sets it)'
+                )
+            for name in sorted(needs["output"] - (service["output"] if service else set())):
+                problems.append(
+                    f'{SERVICE_MODULE}: no `output "{name}"` (the {env} worker file reads it)'
                 )
     return list(dict.fromkeys(problems))
 

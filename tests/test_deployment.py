@@ -14,6 +14,7 @@ Two workers are rendered into one copy of the reference host once for the module
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import re
@@ -270,6 +271,171 @@ def test_running_below_desired_alarm_notifies_the_alarm_topic(
         _unquote(q["metric"][0]["metric_name"]) for q in alarm["metric_query"] if "metric" in q
     }
     assert metrics == {"RunningTaskCount", "DesiredTaskCount"}
+
+
+RUNTIME_LOOP = "workers/runtime/src/acme/workers/runtime/loop.py"
+TOPIC = "${aws_sns_topic.alarms.arn}"
+SWITCH = "${var.autoscaling_enabled ? 1 : 0}"
+# The alarms on the topic: every worker's, and the database's and the outbox's, which only
+# the worker that owns the work namespace (the first) renders.
+OWN_ALARMS = {
+    "backlog_age",
+    "queue_stats_missing",
+    "claims_failing",
+    "lease_renewals_failing",
+    "completions_failing",
+    "wake_ups_down",
+    "dead_letters_unaudited",
+}
+OWNER_ALARMS = {"snapshot_age", "outbox_failing", "outbox_dead_letters"}
+
+
+def _loop_constant(host: Path, name: str) -> Any:
+    """A module-level literal of the rendered worker runtime's loop (`QUEUE_STATS_*`)."""
+    tree = ast.parse((host / RUNTIME_LOOP).read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [
+            t.id for t in node.targets if isinstance(t, ast.Name)
+        ] == [name]:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{RUNTIME_LOOP} defines no {name}")
+
+
+def _worker_resources(host: Path, env: str, answers: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The worker file's resources of one type, by name without the worker's prefix."""
+    prefix = f"{kind}.{_module(answers)}_"
+    resources = _resources(_parsed_worker(host, env, answers))
+    return {k.removeprefix(prefix): v for k, v in resources.items() if k.startswith(prefix)}
+
+
+@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
+def test_metric_filters_read_the_fields_the_loop_logs_from_the_modules_log_group(
+    host: Path, env: str, answers: dict[str, Any]
+) -> None:
+    """The fields and the event are read from the rendered loop, so the two cannot drift;
+    the engine's own test checks that a sweep pass logs exactly those fields."""
+    module = _module(answers)
+    fields = _loop_constant(host, "QUEUE_STATS_FIELDS")
+    event = _loop_constant(host, "QUEUE_STATS_EVENT")
+    own = _locals(_parsed_worker(host, env, answers))
+    metrics = own[f"{module}_queue_metrics"]
+    assert {_unquote(m["field"]) for m in metrics.values()} == set(fields) - {"lane"}
+    assert len(metrics) == len(fields) - 1, "one metric per field"
+    units = {_unquote(m["unit"]) for m in metrics.values()}
+    assert units <= {"Count", "Seconds", "None"}
+    for metric in metrics.values():  # a duration field carries its unit, and so its metric
+        field, unit = _unquote(metric["field"]), _unquote(metric["unit"])
+        assert field.endswith("_s") == (unit == "Seconds"), field
+    assert _unquote(own[f"{module}_metric_namespace"]) == (
+        f"acme/${{local.environment}}/workers/{answers['worker_name']}"
+    )
+    assert own[f"{module}_lane"] == f'${{local.{module}_environment["{_prefix(answers)}LANE"]}}'
+    [(name, log_filter)] = _worker_resources(
+        host, env, answers, "aws_cloudwatch_log_metric_filter"
+    ).items()
+    assert name == "queue_stats"
+    assert log_filter["for_each"] == f"${{local.{module}_queue_metrics}}"
+    assert log_filter["log_group_name"] == f"${{module.{module}.log_group_name}}"
+    pattern = _unquote(log_filter["pattern"]).replace('\\"', '"')
+    assert pattern == f'{{ ($.event = "{event}") && ($.${{each.value.field}} >= 0) }}'
+    [transformation] = log_filter["metric_transformation"]
+    assert transformation["namespace"] == f"${{local.{module}_metric_namespace}}"
+    assert _unquote(transformation["value"]) == "$.${each.value.field}"
+    assert {k: _unquote(v) for k, v in transformation["dimensions"].items()} == {"lane": "$.lane"}
+    assert "lane" in fields
+    # the module declares the outputs read here (docs/host-contract.md)
+    outputs = _labelled(_hcl_folder(host / MODULE_DIR)["output"])
+    assert {"service_name", "log_group_name"} <= set(outputs)
+
+
+@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
+def test_every_alarm_notifies_the_alarm_topic_and_says_what_it_means(
+    host: Path, env: str, answers: dict[str, Any]
+) -> None:
+    module = _module(answers)
+    metrics = _locals(_parsed_worker(host, env, answers))[f"{module}_queue_metrics"]
+    alarms = _worker_resources(host, env, answers, "aws_cloudwatch_metric_alarm")
+    paging = {name: body for name, body in alarms.items() if "count" not in body}
+    owner = answers is FIRST  # the first worker created the work namespace
+    assert set(paging) == OWN_ALARMS | (OWNER_ALARMS if owner else set())
+    for name, alarm in paging.items():
+        assert alarm["alarm_actions"] == [TOPIC], name
+        assert alarm["ok_actions"] == [TOPIC], name
+        assert _unquote(alarm["metric_name"]) in metrics, name
+        assert alarm["namespace"] == f"${{local.{module}_metric_namespace}}", name
+        assert alarm["dimensions"] == {"lane": f"${{local.{module}_lane}}"}, name
+        assert _unquote(alarm["treat_missing_data"]) in {"notBreaching", "breaching"}, name
+        assert alarm["period"] in (60, 300), name
+        description = _unquote(alarm["alarm_description"])
+        assert len(description) <= 1024 and description.count(". ") >= 1, name
+        # the name says the threshold with its unit
+        title = _unquote(alarm["alarm_name"])
+        assert title.startswith(f"${{module.{module}.service_name}}-"), name
+        assert re.search(r"(\d+min|\}s|-xids|-above-0)$", title), title
+    # only the missing line counts as breaching: the others read nothing into no data
+    missing = {n for n, a in paging.items() if _unquote(a["treat_missing_data"]) == "breaching"}
+    assert missing == {"queue_stats_missing"}
+    assert (host / "deployment/terraform/environments" / env / "main.tf").read_text().count(
+        'resource "aws_sns_topic" "alarms"'
+    ) == 1
+
+
+@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
+def test_backlog_scaling_exists_only_behind_the_autoscaling_switch(
+    host: Path, env: str, answers: dict[str, Any]
+) -> None:
+    module = _module(answers)
+    policies = _worker_resources(host, env, answers, "aws_appautoscaling_policy")
+    assert set(policies) == {"backlog", "oldest_item_age"}
+    for name, policy in policies.items():
+        assert policy["count"] == SWITCH, name
+        assert _unquote(policy["resource_id"]) == (
+            f"service/${{var.cluster_name}}/${{module.{module}.service_name}}"
+        )
+        assert _unquote(policy["scalable_dimension"]) == "ecs:service:DesiredCount"
+        assert _unquote(policy["service_namespace"]) == "ecs"
+        # the module creates the scalable target (docs/host-contract.md)
+        assert policy["depends_on"] == [f"${{module.{module}}}"], name
+    tracking = policies["backlog"]
+    assert _unquote(tracking["policy_type"]) == "TargetTrackingScaling"
+    [config] = tracking["target_tracking_scaling_policy_configuration"]
+    assert config["target_value"] == f"${{local.{module}_backlog_per_task_items}}"
+    own = _locals(_parsed_worker(host, env, answers))
+    capacity = f'local.{module}_environment["{_prefix(answers)}CAPACITY"]'
+    assert own[f"{module}_capacity_items"] == f"${{tonumber({capacity})}}"
+    assert own[f"{module}_backlog_per_task_items"] == f"${{local.{module}_capacity_items}}"
+    [spec] = config["customized_metric_specification"]
+    queries = {_unquote(q["id"]): q for q in spec["metrics"]}
+    assert [i for i, q in queries.items() if q["return_data"]] == ["per_task"]
+    assert _unquote(queries["per_task"]["expression"]) == "available / running"
+    [[available]] = [s["metric"] for s in queries["available"]["metric_stat"]]
+    assert _unquote(available["metric_name"]) == "Available"
+    [[running]] = [s["metric"] for s in queries["running"]["metric_stat"]]
+    assert _unquote(running["metric_name"]) == "RunningTaskCount"
+    assert _unquote(running["namespace"]) == "ECS/ContainerInsights"
+    stepping = policies["oldest_item_age"]
+    assert _unquote(stepping["policy_type"]) == "StepScaling"
+    triggers = {
+        name: alarm
+        for name, alarm in _worker_resources(
+            host, env, answers, "aws_cloudwatch_metric_alarm"
+        ).items()
+        if "count" in alarm
+    }
+    assert set(triggers) == {"scale_out_on_age"}
+    trigger = triggers["scale_out_on_age"]
+    assert trigger["count"] == SWITCH
+    assert trigger["alarm_actions"] == [
+        f"${{aws_appautoscaling_policy.{module}_oldest_item_age[0].arn}}"
+    ]
+    assert _unquote(trigger["metric_name"]) == "OldestAvailableAge"
+    # nothing else in the worker's file is behind the switch, nothing else scales
+    counted = {k for k, v in _resources(_parsed_worker(host, env, answers)).items() if "count" in v}
+    assert counted == {
+        f"aws_appautoscaling_policy.{module}_backlog",
+        f"aws_appautoscaling_policy.{module}_oldest_item_age",
+        f"aws_cloudwatch_metric_alarm.{module}_scale_out_on_age",
+    }
 
 
 @pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
@@ -576,6 +742,12 @@ REFUSALS = [
         'variable "deployment_maximum_percent" {',
         'variable "max_percent" {',
         f'{MODULE_DIR}: no `variable "deployment_maximum_percent"`',
+    ),
+    (
+        f"{MODULE_DIR}/outputs.tf",
+        'output "log_group_name" {',
+        'output "logs" {',
+        f'{MODULE_DIR}: no `output "log_group_name"` (the staging worker file reads it)',
     ),
 ]
 

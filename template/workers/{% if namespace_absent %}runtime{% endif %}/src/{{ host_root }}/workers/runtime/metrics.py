@@ -168,6 +168,12 @@ class WorkerMetrics:
         self.in_flight = Gauge(
             "worker_items_in_flight", "Items this worker is handling now", registry=registry
         )
+        self.event_loop_tasks = Gauge(
+            "worker_event_loop_tasks",
+            "asyncio tasks alive in the worker's event loop at the last heartbeat (a count "
+            "that only grows is a leak)",
+            registry=registry,
+        )
         self.claiming = Gauge(
             "worker_claiming",
             "1 while the loop claims, 0 while paused or draining",

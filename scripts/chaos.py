@@ -1,0 +1,1520 @@
+"""`make chaos` and `make soak`: the rendered worker under the faults production meets.
+
+Set-up (every run, in `.chaos/`):
+1. a PostgreSQL cluster of its own (`initdb`, `pg_ctl`, a free loopback port) and a
+   `redis-server` of its own (a free port), so restarting them never touches the shared
+   services; the workers reach Redis through a loopback proxy in this process, which can
+   leave connections open but silent (a half-open connection);
+2. the reference host copied, `shipment-notifier` rendered into it (`copier copy`, as
+   `make demo` does), its handler replaced by `scripts/chaos_handler.py` (a ledger row per
+   execution, a compare-and-set on the item's record), `uv sync` offline, the roles and the
+   database made by the host's `scripts/infra-up.sh`, the schema by `make migrate`;
+3. the harness's own tables in that database (`chaos_ledger`, `chaos_records`,
+   `chaos_transitions`, and a trigger on `work_items` that appends every change of status
+   or claim token to `chaos_transitions` with `clock_timestamp()`): the queue's own writes
+   seen from outside the queue.
+
+`chaos` (the default): 4 worker processes (`.venv/bin/shipment-notifier serve`; two take
+their wake-ups from Redis, two from PostgreSQL `NOTIFY`), `--items` items enqueued at a
+steady rate by `scripts/chaos_client.py` over `--seconds`, and the faults,
+one after another while the kills go on: `kill -9` of a random worker that is up (its
+`/healthz` has answered) every `--kill-every` seconds (the harness starts a new one at once);
+one half-open Redis connection set (every connection open at that moment goes silent for
+good); one `pg_terminate_backend` of every worker connection; one handler that blocks its
+event loop for the lease + 3 s; one Redis outage (`--redis-outage-s`, 10 s); one PostgreSQL
+restart (`pg_ctl stop -m immediate`, down `--pg-outage-s`, then started). A few items
+are poison (fail every attempt: dead-lettered by design). While an outage lasts one worker (the witness) is spared the kills, so its
+`/healthz` is seen across the whole outage; the process running the blocked handler is
+spared too. When every item is settled the workers are stopped (SIGTERM) and the
+invariants are checked:
+
+- every item has exactly one accepted completion (one change to COMPLETED), or is a poison
+  item dead-lettered (one change to FAILED) with its audit entry written; none lost;
+- every accepted completion is the claim of an execution that ran to its end;
+- no two executions of one item overlap in time, except the blocked-loop item's (reported);
+- every record advanced exactly once per completed item (version 1), poison records never;
+- every item held by a killed worker was handed back (the sweep's requeue) within lease +
+  sweep interval + 1 s of the kill (kills whose window meets the PostgreSQL outage are
+  reported apart: the sweep cannot run while the database is down);
+- the witness's `/healthz` answered non-2xx within the documented bound of each outage
+  (docs/operations.md, `/healthz`) and 2xx again within the bound after recovery; the
+  wake-up channel cut by the half-open connection was re-established within its bound.
+
+Prints a summary table, writes `summary.json` and keeps every log under
+`.chaos/run-<time>/`; exits 1 when an invariant breaks.
+
+`soak` (`--mode soak`): the same set-up and workers, no faults; first a burst measures how
+many items per second the 4 workers drain, then items arrive at half that rate for
+`--minutes` (30); it samples each worker's RSS, open file descriptors, open
+PostgreSQL and Redis connections (its sockets, from `/proc`) and asyncio task count
+(`worker_event_loop_tasks`) every 5 s, and it reports claim latency percentiles per minute.
+Per minute, RSS is the median of the samples and each count its floor (the fewest seen:
+load moves the counts, an item in flight holds a task and a busy moment opens pooled
+connections, while a leak raises the floor). It fails when a worker's figure at the last
+minute is more than 10 % above its figure at minute 5, or a worker process ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import demo  # the demo's host preparation, reused as is
+
+WORK = REPO / ".chaos"
+WORKER = demo.Worker("shipment-notifier", "NOTIFY_SHIPMENT", 0, WORK / "unused.log")
+PREFIX = "SHIPMENT_NOTIFIER_"
+HANDLER = Path("workers/shipment-notifier/src/acme/workers/shipment_notifier/handler.py")
+SLOTS = 4
+# Worker settings for the run: short enough that recovery happens many times a minute.
+LEASE_S = 5.0
+SWEEP_INTERVAL_S = 2.0
+HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_FAILURE_LIMIT = 3
+POLL_INTERVAL_S = 1.0
+CAPACITY = 10
+# The bounds checked (docs/operations.md): a worker's items are handed back by the sweep
+# once their lease passes; /healthz turns 503 after HEARTBEAT_FAILURE_LIMIT failed beats
+# (Redis down) or after 3 poll intervals of failed claims (the database down), the first
+# failure coming within one interval; one good beat or claim brings 200 back.
+SLACK_S = 1.0
+REQUEUE_BOUND_S = LEASE_S + SWEEP_INTERVAL_S + SLACK_S
+PG_UNHEALTHY_BOUND_S = 4 * POLL_INTERVAL_S + SLACK_S
+REDIS_UNHEALTHY_BOUND_S = (HEARTBEAT_FAILURE_LIMIT + 1) * HEARTBEAT_INTERVAL_S + SLACK_S
+HEALTHY_AGAIN_BOUND_S = max(HEARTBEAT_INTERVAL_S, POLL_INTERVAL_S) + SLACK_S
+# A silent subscription is found in about 5 s (a probe after 2 s of silence, 2 s to
+# answer) and re-established within about 1 s after that (docs/operations.md, Wake-ups).
+RESUBSCRIBE_BOUND_S = 7.0
+
+
+def say(message: str) -> None:
+    print(f"chaos: {message}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- the services the run owns -------------------------------------------------------------
+
+
+class Postgres:
+    """A throwaway cluster under `root`: `initdb` once per run, started and stopped with
+    `pg_ctl`. Superuser `postgres`, trust auth on loopback only. PostgreSQL refuses to run as
+    root: run as root, the harness runs the server as `CHAOS_PG_OS_USER` (`postgres`)."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.root = root
+        self.data = root / "data"
+        self.port = port
+        self.log = root / "postgres.log"
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:
+            self.as_user = ["runuser", "-u", os.environ.get("CHAOS_PG_OS_USER", "postgres"), "--"]
+
+    def _run(self, args: list[str], *, check: bool = True) -> None:
+        subprocess.run(
+            [*self.as_user, *args],
+            check=check,
+            stdout=subprocess.DEVNULL,
+            stderr=None if check else subprocess.DEVNULL,
+        )
+
+    def init(self) -> None:
+        self.root.mkdir(parents=True)
+        if self.as_user:
+            import pwd
+
+            owner = pwd.getpwnam(self.as_user[2])
+            os.chown(self.root, owner.pw_uid, owner.pw_gid)
+        self._run(["initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"])
+        conf = self.data / "postgresql.conf"
+        with conf.open("a", encoding="utf-8") as f:
+            f.write(
+                f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{self.root}'\nmax_connections = 300\n"
+                # Scratch data: no fsync (the machine does not crash, the server does). A
+                # commit still waits for its WAL write, so an immediate stop loses nothing
+                # that was acknowledged (synchronous_commit = off would).
+                "fsync = off\nfull_page_writes = off\n"
+                "shared_buffers = 128MB\n"
+            )
+
+    def start(self) -> None:
+        self._run(["pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start"])
+
+    def stop(self, mode: str = "fast") -> None:
+        if self.data.exists():
+            self._run(["pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop"], check=False)
+
+    def url(self, user: str = "postgres", database: str = "acme") -> str:
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{database}"
+
+
+class Redis:
+    """A `redis-server` child on `port`, no persistence; restartable on the same port."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.root = root
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = (self.root / "redis.log").open("ab")
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.root),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s,
+            ):
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return
+            time.sleep(0.05)
+        raise SystemExit("chaos: redis-server did not answer within 10 s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+class SilencingProxy:
+    """A loopback TCP proxy in front of Redis. `silence()` turns every connection open at
+    that moment half-open: it stays open, and whatever either side sends is dropped; new
+    connections pass as before. Upstream refused (Redis down): the client's connection is
+    closed at once, as a refused connection would be."""
+
+    def __init__(self, listen_port: int, upstream_port: int) -> None:
+        self.listen_port = listen_port
+        self.upstream_port = upstream_port
+        self._pairs: list[dict[str, bool]] = []
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.listen_port)
+
+    async def close(self) -> None:
+        """Stop listening and close every connection, silenced ones included."""
+        if self._server is not None:
+            self._server.close()
+        for writer in self._writers:
+            writer.close()
+
+    def silence(self) -> int:
+        """Silence every open connection; returns how many."""
+        live = [p for p in self._pairs if not p["closed"]]
+        for pair in live:
+            pair["silent"] = True
+        return len(live)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            writer.close()
+            return
+        pair = {"silent": False, "closed": False}
+        self._pairs.append(pair)
+        self._writers += [writer, up_writer]
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    if not pair["silent"]:
+                        dst.write(data)
+                        await dst.drain()
+            except (OSError, asyncio.CancelledError):
+                pass
+            finally:
+                if not pair["silent"]:
+                    pair["closed"] = True
+                    dst.close()
+
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+        pair["closed"] = True
+        self._pairs = [p for p in self._pairs if not p["closed"] or p["silent"]]
+        if not pair["silent"]:
+            self._writers = [w for w in self._writers if w not in (writer, up_writer)]
+
+
+# -- the host -------------------------------------------------------------------------------
+
+
+INSTRUMENTATION = """
+CREATE TABLE chaos_records (
+    id uuid PRIMARY KEY, item_index integer NOT NULL, version integer NOT NULL DEFAULT 0,
+    advanced_by uuid, advanced_at timestamptz
+);
+CREATE TABLE chaos_ledger (
+    id bigserial PRIMARY KEY, item_id uuid NOT NULL, claim_token uuid, attempt integer,
+    pid integer NOT NULL, started_at timestamptz NOT NULL, ended_at timestamptz
+);
+CREATE INDEX ON chaos_ledger (item_id);
+CREATE TABLE chaos_transitions (
+    id bigserial PRIMARY KEY, item_id uuid NOT NULL, old_status text, new_status text,
+    old_token uuid, new_token uuid, claimed_by text, available_at timestamptz,
+    at timestamptz NOT NULL
+);
+CREATE INDEX ON chaos_transitions (item_id);
+CREATE FUNCTION chaos_record_transition() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = public AS $$
+BEGIN
+    INSERT INTO chaos_transitions
+        (item_id, old_status, new_status, old_token, new_token, claimed_by, available_at, at)
+    VALUES (NEW.id, OLD.status, NEW.status, OLD.claim_token, NEW.claim_token,
+            coalesce(NEW.claimed_by, OLD.claimed_by), OLD.available_at, clock_timestamp());
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_transitions AFTER UPDATE ON work_items FOR EACH ROW
+    WHEN (OLD.status IS DISTINCT FROM NEW.status
+          OR OLD.claim_token IS DISTINCT FROM NEW.claim_token)
+    EXECUTE FUNCTION chaos_record_transition();
+"""
+
+
+def prepare(run_dir: Path, pg: Postgres, redis_port: int) -> Path:
+    """Render the worker into a fresh reference host and migrate the run's database."""
+    say(f"rendering {WORKER.name} into a fresh reference host ({WORK / 'render'})")
+    host = demo.prepare_host(WORK / "render")
+    demo.render(host, WORKER)
+    shutil.copyfile(REPO / "scripts" / "chaos_handler.py", host / HANDLER)
+    shutil.copyfile(REPO / "scripts" / "chaos_client.py", host / "chaos_client.py")
+    env = base_env(pg, redis_port)
+    # Compiled once here, as a deployed image is: a worker that compiled its imports at
+    # every start (PYTHONDONTWRITEBYTECODE) would spend seconds booting after each kill.
+    demo.run(
+        ["uv", "sync", "--offline", "--all-packages", "--quiet", "--compile-bytecode"],
+        cwd=host,
+        env=env,
+    )
+    say("roles, database and schema (the host's infra-up.sh and make migrate)")
+    infra = {
+        **env,
+        "ACME_PGHOST": "127.0.0.1",
+        "ACME_PGPORT": str(pg.port),
+        "ACME_REDIS_PORT": str(redis_port),
+    }
+    demo.run(["bash", "scripts/infra-up.sh"], cwd=host, env=infra)
+    owner = {
+        **env,
+        "ACME_MIGRATION_URL": pg.url("acme_owner").replace("postgresql:", "postgresql+asyncpg:"),
+    }
+    demo.run(["make", "-s", "migrate"], cwd=host, env=owner)
+    asyncio.run(_execute(pg.url(), INSTRUMENTATION))
+    return host
+
+
+async def _execute(url: str, sql: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def base_env(pg: Postgres, redis_port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_PROJECT"))}
+    for name in list(env):
+        if name.startswith(("ACME_", PREFIX)):
+            del env[name]
+    env["UV_OFFLINE"] = "1"
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["ACME_DATABASE_URL"] = pg.url("acme_app").replace("postgresql:", "postgresql+asyncpg:")
+    env["ACME_REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+    return env
+
+
+# -- the workers ----------------------------------------------------------------------------
+
+
+@dataclass
+class Incarnation:
+    """One process of a slot: when it started and how it ended."""
+
+    slot: int
+    pid: int
+    started: float
+    log: str
+    ended: float | None = None
+    end: str = ""  # "killed", "exit <code>", "stopped <code>"
+
+
+@dataclass
+class Slot:
+    index: int
+    port: int
+    channel: str  # "topic" (Redis) or "database" (NOTIFY)
+    proc: subprocess.Popen[bytes] | None = None
+    incarnations: list[Incarnation] = field(default_factory=list)
+
+
+class Fleet:
+    """The worker processes, restarted when they die, and what was seen of them."""
+
+    def __init__(self, host: Path, env: dict[str, str], run_dir: Path) -> None:
+        self.host = host
+        self.env = env
+        self.run_dir = run_dir
+        self.slots = [
+            Slot(i, free_port(), "topic" if i < SLOTS // 2 else "database") for i in range(SLOTS)
+        ]
+        self.kills: list[tuple[float, int, int]] = []  # (time, slot, pid)
+        self.health: list[tuple[float, int, int, int | None, str | None]] = []
+        self.spared_slots: Counter[int] = Counter()
+        self.spared_pids: set[int] = set()
+        self.ready: set[int] = set()  # pids whose /healthz has answered 200
+        self.stopping = False
+
+    def start(self, slot: Slot) -> None:
+        n = len(slot.incarnations)
+        log_path = self.run_dir / f"worker-{slot.index}-{n}.log"
+        env = {
+            **self.env,
+            f"{PREFIX}METRICS_PORT": str(slot.port),
+            f"{PREFIX}DATABASE_WAKE_UPS": "true" if slot.channel == "database" else "false",
+        }
+        slot.proc = subprocess.Popen(
+            [str(self.host / ".venv" / "bin" / WORKER.name), "serve"],
+            cwd=self.host,
+            env=env,
+            stdout=log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        slot.incarnations.append(Incarnation(slot.index, slot.proc.pid, time.time(), log_path.name))
+
+    def alive(self, slot: Slot) -> bool:
+        return slot.proc is not None and slot.proc.poll() is None
+
+    def kill(self, slot: Slot) -> None:
+        assert slot.proc is not None
+        pid = slot.proc.pid
+        now = time.time()
+        os.kill(pid, signal.SIGKILL)
+        slot.proc.wait()
+        self.kills.append((now, slot.index, pid))
+        slot.incarnations[-1].ended = now
+        slot.incarnations[-1].end = "killed"
+        self.start(slot)
+
+    async def supervise(self) -> None:
+        """Start a new process for a slot whose process exited (not by a kill)."""
+        while not self.stopping:
+            for slot in self.slots:
+                if slot.proc is not None and slot.proc.poll() is not None and not self.stopping:
+                    inc = slot.incarnations[-1]
+                    inc.ended = time.time()
+                    inc.end = f"exit {slot.proc.returncode}"
+                    await asyncio.sleep(0.5)
+                    self.start(slot)
+            await asyncio.sleep(0.2)
+
+    async def killer(self, every_s: float, rng: random.Random) -> None:
+        while not self.stopping:
+            await asyncio.sleep(every_s)
+            targets = [
+                s
+                for s in self.slots
+                if self.alive(s)
+                and self.spared_slots[s.index] <= 0
+                and s.proc is not None
+                and s.proc.pid in self.ready
+                and s.proc.pid not in self.spared_pids
+            ]
+            if targets and not self.stopping:
+                self.kill(rng.choice(targets))
+
+    async def watch_health(self) -> None:
+        """Every 0.2 s, each live worker's /healthz at once: (time, slot, pid, status,
+        wake_ups)."""
+
+        async def probe(slot: Slot, pid: int) -> None:
+            asked = time.time()
+            status, body = await http_get(slot.port, "/healthz")
+            wake = None
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                wake = json.loads(body).get("wake_ups") if body else None
+            self.health.append((asked, slot.index, pid, status, wake))
+            if status == 200:
+                self.ready.add(pid)
+
+        while not self.stopping:
+            live = [(s, s.proc.pid) for s in self.slots if self.alive(s) and s.proc is not None]
+            await asyncio.gather(*(probe(slot, pid) for slot, pid in live), asyncio.sleep(0.2))
+
+    async def wait_healthy(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        for slot in self.slots:
+            while True:
+                status, _ = await http_get(slot.port, "/healthz")
+                if status == 200:
+                    break
+                if slot.proc is not None and slot.proc.poll() is not None:
+                    log = (self.run_dir / slot.incarnations[-1].log).read_text(errors="replace")
+                    raise SystemExit(f"chaos: worker {slot.index} exited at start:\n{log[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"chaos: worker {slot.index} not healthy in {timeout_s} s")
+                await asyncio.sleep(0.2)
+
+    def stop_all(self) -> None:
+        self.stopping = True
+        for slot in self.slots:
+            if self.alive(slot):
+                assert slot.proc is not None
+                os.kill(slot.proc.pid, signal.SIGTERM)
+        for slot in self.slots:
+            if slot.proc is None:
+                continue
+            try:
+                code = slot.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.kill(slot.proc.pid, signal.SIGKILL)
+                code = slot.proc.wait()
+            inc = slot.incarnations[-1]
+            if inc.ended is None:
+                inc.ended = time.time()
+                inc.end = f"stopped {code}"
+
+
+async def http_get(port: int, path: str, timeout_s: float = 1.0) -> tuple[int | None, str | None]:
+    """(status, body) of a GET on the loopback port; (None, None) when it does not answer."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            await writer.drain()
+            raw = await reader.read()
+            writer.close()
+    except (OSError, TimeoutError):
+        return None, None
+    head, _, body = raw.partition(b"\r\n\r\n")
+    match = re.match(rb"HTTP/1\.[01] (\d{3})", head)
+    return (int(match.group(1)) if match else None), body.decode(errors="replace")
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+@dataclass
+class Fault:
+    name: str
+    at: float  # time.time() it began
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class ChaosRun:
+    def __init__(self, args: argparse.Namespace, run_dir: Path) -> None:
+        self.args = args
+        self.run_dir = run_dir
+        self.rng = random.Random(args.seed)
+        self.pg = Postgres(WORK / "pg", free_port())
+        self.redis = Redis(run_dir, free_port())
+        self.proxy = SilencingProxy(free_port(), self.redis.port)
+        self.faults: list[Fault] = []
+        self.client_lines: list[dict[str, Any]] = []
+        self.client_done = asyncio.Event()
+        self.block_pid: int | None = None
+        self.fleet: Fleet | None = None
+
+    # set-up
+    def setup(self) -> tuple[Path, dict[str, str]]:
+        if self.pg.root.exists():
+            self.pg.stop("immediate")
+            shutil.rmtree(self.pg.root)
+        say(
+            f"PostgreSQL cluster on 127.0.0.1:{self.pg.port}, redis-server on {self.redis.port}, "
+            f"its proxy on {self.proxy.listen_port}"
+        )
+        self.pg.init()
+        self.pg.start()
+        self.redis.start()
+        host = prepare(self.run_dir, self.pg, self.redis.port)
+        env = base_env(self.pg, self.proxy.listen_port)
+        env.update(
+            {
+                f"{PREFIX}LEASE": str(LEASE_S),
+                f"{PREFIX}SWEEP_INTERVAL": str(SWEEP_INTERVAL_S),
+                f"{PREFIX}HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL_S),
+                f"{PREFIX}HEARTBEAT_FAILURE_LIMIT": str(HEARTBEAT_FAILURE_LIMIT),
+                f"{PREFIX}POLL_INTERVAL": str(POLL_INTERVAL_S),
+                f"{PREFIX}CAPACITY": str(CAPACITY),
+                f"{PREFIX}DRAIN_DEADLINE": "5",
+                "CHAOS_LEDGER_URL": self.pg.url(),
+                "CHAOS_WORK_S": str(self.args.work_s),
+                "CHAOS_BLOCK_S": str(LEASE_S + 3),
+            }
+        )
+        return host, env
+
+    def teardown(self) -> None:
+        """Kill every worker still running (a run that stopped early), then the servers."""
+        if self.fleet is not None:
+            self.fleet.stopping = True
+            for slot in self.fleet.slots:
+                if self.fleet.alive(slot) and slot.proc is not None:
+                    slot.proc.kill()
+                    slot.proc.wait()
+        self.redis.stop()
+        self.pg.stop("fast")
+
+    async def client(
+        self,
+        host: Path,
+        env: dict[str, str],
+        items: int,
+        rate: float,
+        poison: list[int],
+        block: int,
+    ) -> None:
+        cmd = [
+            str(host / ".venv" / "bin" / "python"),
+            "chaos_client.py",
+            "--url",
+            env["ACME_DATABASE_URL"],
+            "--redis",
+            env["ACME_REDIS_URL"],
+            "--ledger",
+            self.pg.url(),
+            "--items",
+            str(items),
+            "--rate",
+            str(rate),
+            "--poison",
+            ",".join(map(str, poison)),
+            "--block",
+            str(block),
+            "--block-file",
+            str(self.run_dir / "block.go"),
+        ]
+        with (self.run_dir / "client.log").open("ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, cwd=host, env=env, stdout=asyncio.subprocess.PIPE, stderr=log
+            )
+            assert proc.stdout is not None
+            async for raw in proc.stdout:
+                line = json.loads(raw)
+                self.client_lines.append({**line, "t": time.time()})
+            code = await proc.wait()
+        if code != 0:
+            raise SystemExit(f"chaos: the enqueuing client exited {code} (client.log)")
+        self.client_done.set()
+
+    async def unsettled(self) -> int:
+        """Items neither COMPLETED nor FAILED."""
+        conn = await asyncpg.connect(self.pg.url())
+        try:
+            return int(
+                await conn.fetchval(
+                    "SELECT count(*) FROM work_items WHERE status NOT IN ('COMPLETED', 'FAILED')"
+                )
+            )
+        finally:
+            await conn.close()
+
+    # faults
+    async def _witness(self, fleet: Fleet, channel: str) -> int:
+        """Spare a slot of `channel` (not running the blocked handler) from the kills, and
+        give it time to be healthy: it watches the next outage through its /healthz."""
+        slot = next(
+            s
+            for s in fleet.slots
+            if s.channel == channel and (s.proc is None or s.proc.pid != self.block_pid)
+        )
+        fleet.spared_slots[slot.index] += 1
+        await asyncio.sleep(5)
+        deadline = time.monotonic() + 60
+        while not (fleet.alive(slot) and slot.proc is not None and slot.proc.pid in fleet.ready):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"chaos: worker {slot.index} not up within 60 s to witness")
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(3)
+        return slot.index
+
+    async def half_open(self, fleet: Fleet) -> None:
+        witness = await self._witness(fleet, "topic")
+        fault = Fault("half-open Redis connections", time.time(), {"witness": witness})
+        self.faults.append(fault)
+        fault.detail["silenced"] = self.proxy.silence()
+        await asyncio.sleep(RESUBSCRIBE_BOUND_S + 5)
+        fleet.spared_slots[witness] -= 1
+
+    async def terminate_backends(self) -> None:
+        conn = await asyncpg.connect(self.pg.url())
+        try:
+            fault = Fault("pg_terminate_backend", time.time())
+            self.faults.append(fault)
+            n = await conn.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE usename = 'acme_app'"
+            )
+            fault.detail["terminated"] = int(n)
+        finally:
+            await conn.close()
+
+    async def blocked_loop(self, fleet: Fleet, index: int) -> None:
+        """Have the client enqueue item `index` (note `block`), spare the process that runs
+        it until its handler has blocked for the lease + 3 s and a little after."""
+        (self.run_dir / "block.go").touch()
+        conn = await asyncpg.connect(self.pg.url())
+        try:
+            while True:
+                await asyncio.sleep(0.2)
+                with contextlib.suppress(OSError, asyncpg.PostgresError):
+                    row = await conn.fetchrow(
+                        "SELECT l.pid, extract(epoch FROM l.started_at) AS started "
+                        "FROM chaos_ledger l JOIN chaos_records r ON r.item_index = $1 "
+                        "JOIN work_items w ON w.id = l.item_id "
+                        "AND w.payload->>'record_id' = r.id::text ORDER BY l.id LIMIT 1",
+                        index,
+                    )
+                    if row is not None:
+                        break
+        finally:
+            await conn.close()
+        fleet.spared_pids.add(row["pid"])
+        self.block_pid = row["pid"]
+        self.faults.append(
+            Fault(
+                "handler blocks its event loop",
+                float(row["started"]),
+                {"pid": row["pid"], "blocked_s": LEASE_S + 3},
+            )
+        )
+        await asyncio.sleep(LEASE_S + 3 + 5)
+        fleet.spared_pids.discard(row["pid"])
+
+    async def redis_outage(self, fleet: Fleet) -> None:
+        witness = await self._witness(fleet, "topic")
+        fault = Fault("Redis outage", time.time(), {"witness": witness})
+        self.faults.append(fault)
+        await asyncio.to_thread(self.redis.stop)
+        fault.detail["down_at"] = time.time()
+        await asyncio.sleep(self.args.redis_outage_s)
+        await asyncio.to_thread(self.redis.start)
+        fault.detail["up_at"] = time.time()
+        await asyncio.sleep(HEALTHY_AGAIN_BOUND_S + 3)
+        fleet.spared_slots[witness] -= 1
+
+    async def pg_outage(self, fleet: Fleet) -> None:
+        witness = await self._witness(fleet, "database")
+        fault = Fault("PostgreSQL restart", time.time(), {"witness": witness})
+        self.faults.append(fault)
+        await asyncio.to_thread(self.pg.stop, "immediate")
+        fault.detail["down_at"] = time.time()
+        await asyncio.sleep(self.args.pg_outage_s)
+        await asyncio.to_thread(self.pg.start)
+        fault.detail["up_at"] = time.time()
+        await asyncio.sleep(HEALTHY_AGAIN_BOUND_S + 3)
+        fleet.spared_slots[witness] -= 1
+
+    async def fault_script(self, fleet: Fleet, block: int) -> None:
+        """The faults besides the kills, one after another (the kills never stop)."""
+        await asyncio.sleep(3)
+        await self.half_open(fleet)
+        await self.terminate_backends()
+        await asyncio.sleep(3)
+        await self.blocked_loop(fleet, block)
+        await self.redis_outage(fleet)
+        await asyncio.sleep(3)
+        await self.pg_outage(fleet)
+
+    async def run_chaos(self, host: Path, env: dict[str, str]) -> int:
+        args = self.args
+        await self.proxy.start()
+        fleet = self.fleet = Fleet(host, env, self.run_dir)
+        for slot in fleet.slots:
+            fleet.start(slot)
+        await fleet.wait_healthy()
+        say(f"{SLOTS} workers healthy; enqueuing {args.items} items over {args.seconds:.0f} s")
+        items, span = args.items, args.seconds
+        poison = [int(items * f) for f in (0.01, 0.03, 0.05, 0.07, 0.09)][: max(1, items // 2000)]
+        block = items - 1  # enqueued when the script gets to it
+        origin = time.monotonic()
+        tasks = [
+            asyncio.create_task(fleet.supervise()),
+            asyncio.create_task(fleet.watch_health()),
+            asyncio.create_task(fleet.killer(args.kill_every, self.rng)),
+            asyncio.create_task(self.client(host, env, items, items / span, poison, block)),
+            asyncio.create_task(self.fault_script(fleet, block)),
+        ]
+        faults_done = tasks[4]
+        try:
+            last = time.monotonic()
+            deadline = origin + span + args.drain_timeout
+            while True:
+                await asyncio.sleep(1)
+                for task in tasks:
+                    if task.done() and not task.cancelled() and task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
+                if self.client_done.is_set() and faults_done.done():
+                    try:
+                        left = await self.unsettled()
+                    except (OSError, asyncpg.PostgresError):
+                        continue
+                    if left == 0:
+                        break
+                if time.monotonic() > deadline:
+                    say("drain timeout: items still unsettled; checking what there is")
+                    break
+                if time.monotonic() - last >= 10:
+                    last = time.monotonic()
+                    sent = max(
+                        (x.get("enqueued", x.get("done", 0)) for x in self.client_lines), default=0
+                    )
+                    say(
+                        f"t={time.monotonic() - origin:5.0f} s enqueued {sent}, kills "
+                        f"{len(fleet.kills)}, faults {len(self.faults)}"
+                    )
+        finally:
+            fleet.stopping = True
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.to_thread(fleet.stop_all)
+            await self.proxy.close()
+        duration = time.monotonic() - origin
+        report = await Checks(self, fleet, items, poison, block, duration).run()
+        (self.run_dir / "summary.json").write_text(json.dumps(report, indent=2, default=str))
+        with (self.run_dir / "health.jsonl").open("w") as f:
+            for sample in fleet.health:
+                f.write(json.dumps(sample) + "\n")
+        print_report(report)
+        say(f"logs and summary.json kept in {self.run_dir}")
+        return 0 if report["ok"] else 1
+
+
+# -- the checks -----------------------------------------------------------------------------
+
+
+class Checks:
+    """The invariants, read from the queue table, the ledger, the transitions, the records
+    and the audit entries once every worker has stopped."""
+
+    def __init__(
+        self,
+        run: ChaosRun,
+        fleet: Fleet,
+        items: int,
+        poison: list[int],
+        block: int,
+        duration: float,
+    ) -> None:
+        self.run_ = run
+        self.fleet = fleet
+        self.items = items
+        self.poison = poison
+        self.block = block
+        self.duration = duration
+        self.failures: list[str] = []
+        self.late_detail: list[dict[str, Any]] = []
+
+    def expect(self, ok: bool, message: str) -> None:
+        if not ok:
+            self.failures.append(message)
+
+    async def run(self) -> dict[str, Any]:
+        conn = await asyncpg.connect(self.run_.pg.url())
+        try:
+            return await self._run(conn)
+        finally:
+            await conn.close()
+
+    async def _run(self, conn: asyncpg.Connection) -> dict[str, Any]:
+        items = await conn.fetch(
+            "SELECT w.id, w.status, w.claim_token, w.last_error, w.audit_owed_token, r.item_index, "
+            "r.version, r.advanced_by FROM work_items w "
+            "JOIN chaos_records r ON r.id::text = w.payload->>'record_id'"
+        )
+        by_id = {row["id"]: row for row in items}
+        poison_ids = {row["id"] for row in items if row["item_index"] in self.poison}
+        block_ids = {row["id"] for row in items if row["item_index"] == self.block}
+        transitions = await conn.fetch(
+            "SELECT item_id, old_status, new_status, old_token, new_token, claimed_by, "
+            "extract(epoch FROM at) AS at FROM chaos_transitions ORDER BY id"
+        )
+        ledger = await conn.fetch(
+            "SELECT item_id, claim_token, pid, extract(epoch FROM started_at) AS started, "
+            "extract(epoch FROM ended_at) AS ended FROM chaos_ledger ORDER BY id"
+        )
+        audited = {
+            row["key"]
+            for row in await conn.fetch(
+                "SELECT idempotency_key AS key FROM audit_entries "
+                "WHERE idempotency_key LIKE '%:dead_lettered:%'"
+            )
+        }
+        enqueued = len(items)
+        self.expect(enqueued == self.items, f"{enqueued} items in the table, {self.items} enqueued")
+        completions = changes_to("COMPLETED", transitions)
+        died_under = changes_to("FAILED", transitions)
+        doubled = [i for i, c in completions.items() if len(c) > 1]
+        lost = [
+            row["id"]
+            for row in items
+            if not (
+                (row["id"] not in poison_ids and row["status"] == "COMPLETED")
+                or (row["id"] in poison_ids and row["status"] == "FAILED")
+            )
+        ]
+        self.expect(not doubled, f"{len(doubled)} items completed twice")
+        self.expect(
+            not lost,
+            f"{len(lost)} items lost or dead-lettered not by design: "
+            + ", ".join(f"{i} {by_id[i]['status']} {by_id[i]['last_error']}" for i in lost[:5]),
+        )
+        unaudited = [
+            i
+            for i in poison_ids
+            if by_id[i]["status"] == "FAILED"
+            and (
+                by_id[i]["audit_owed_token"] is not None
+                or len(died_under.get(i, [])) != 1
+                or f"{i}:dead_lettered:{died_under[i][0]}" not in audited
+            )
+        ]
+        self.expect(not unaudited, f"{len(unaudited)} dead letters without their audit entry")
+        # Every accepted completion is the claim of an execution that ran to its end.
+        finished = {(r["item_id"], r["claim_token"]) for r in ledger if r["ended"] is not None}
+        orphan = [i for i, tokens in completions.items() if (i, tokens[0]) not in finished]
+        self.expect(not orphan, f"{len(orphan)} completions without a finished execution")
+        # Records: advanced once per completed item, never for poison.
+        bad_records = [
+            row["id"] for row in items if row["version"] != (0 if row["id"] in poison_ids else 1)
+        ]
+        self.expect(not bad_records, f"{len(bad_records)} records not advanced exactly once")
+        kill_at = {pid: t for t, _, pid in self.fleet.kills}
+        runs = executions(ledger, transitions, kill_at)
+        overlaps: list[dict[str, Any]] = []
+        block_overlaps: list[dict[str, Any]] = []
+        for overlap in overlapping(runs):
+            (block_overlaps if overlap["item"] in {str(i) for i in block_ids} else overlaps).append(
+                overlap
+            )
+        self.expect(not overlaps, f"{len(overlaps)} overlapping executions: {overlaps[:3]}")
+        re_executed = sum(1 for spans in runs.values() if len(spans) > 1)
+        executions_n = len(ledger)
+        # Items held by a killed worker: handed back within lease + sweep interval.
+        recovery = self._requeues(transitions)
+        faults = self._faults()
+        outcome = {
+            "items": self.items,
+            "enqueued": enqueued,
+            "completed": sum(1 for row in items if row["status"] == "COMPLETED"),
+            "dead_lettered_by_design": sum(1 for i in poison_ids if by_id[i]["status"] == "FAILED"),
+            "lost": len(lost),
+            "completed_twice": len(doubled),
+            "records_not_advanced_once": len(bad_records),
+            "overlapping_executions": len(overlaps),
+            "blocked_item_overlaps": block_overlaps,
+            "executions": executions_n,
+            "items_run_more_than_once": re_executed,
+            "kills": len(self.fleet.kills),
+            "incarnations": sum(len(s.incarnations) for s in self.fleet.slots),
+            "exits_other_than_kills": [
+                asdict(i)
+                for s in self.fleet.slots
+                for i in s.incarnations
+                if i.end and not i.end.startswith(("killed", "stopped"))
+            ],
+            "enqueue_retries": (
+                self.run_.client_lines[-1].get("retries") if self.run_.client_lines else None
+            ),
+            "duration_s": round(self.duration, 1),
+        }
+        return {
+            "ok": not self.failures,
+            "failures": self.failures,
+            "outcome": outcome,
+            "recovery": recovery,
+            "faults": faults,
+            "settings": {
+                "lease_s": LEASE_S,
+                "sweep_interval_s": SWEEP_INTERVAL_S,
+                "heartbeat_interval_s": HEARTBEAT_INTERVAL_S,
+                "heartbeat_failure_limit": HEARTBEAT_FAILURE_LIMIT,
+                "poll_interval_s": POLL_INTERVAL_S,
+                "capacity": CAPACITY,
+                "workers": SLOTS,
+                "kill_every_s": self.run_.args.kill_every,
+                "work_s": self.run_.args.work_s,
+            },
+        }
+
+    def _pg_window(self) -> tuple[float, float] | None:
+        for f in self.run_.faults:
+            if f.name == "PostgreSQL restart" and "up_at" in f.detail:
+                return f.detail["down_at"], f.detail["up_at"]
+        return None
+
+    def _requeues(self, transitions: list[asyncpg.Record]) -> dict[str, Any]:
+        """For each kill: the items the killed process held, and when each was handed back."""
+        held: dict[int, dict[tuple[Any, Any], float]] = {}  # pid -> (item, token) -> claimed at
+        left: dict[tuple[Any, Any], float] = {}
+        for t in transitions:
+            if t["new_status"] == "CLAIMED" and t["new_token"] is not None and t["claimed_by"]:
+                parts = t["claimed_by"].split(":")
+                if len(parts) >= 3 and parts[-2].isdigit():
+                    held.setdefault(int(parts[-2]), {})[(t["item_id"], t["new_token"])] = float(
+                        t["at"]
+                    )
+            if t["old_status"] == "CLAIMED" and t["old_token"] is not None:
+                left.setdefault((t["item_id"], t["old_token"]), float(t["at"]))
+        window = self._pg_window()
+        times, outside, late = [], [], []
+        for killed_at, _, pid in self.fleet.kills:
+            for key, claimed_at in held.get(pid, {}).items():
+                if claimed_at > killed_at:
+                    continue
+                back = left.get(key)
+                if back is not None and back < killed_at:
+                    continue  # settled before the kill
+                waited = (back if back is not None else float("inf")) - killed_at
+                times.append(waited)
+                meets_outage = (
+                    window is not None
+                    and killed_at < window[1]
+                    and (killed_at + REQUEUE_BOUND_S > window[0])
+                )
+                if meets_outage:
+                    outside.append(waited)
+                elif waited > REQUEUE_BOUND_S:
+                    late.append(round(waited, 2))
+                    self.late_detail.append(
+                        {
+                            "item": str(key[0]),
+                            "pid": pid,
+                            "killed_at": killed_at,
+                            "claimed_at": claimed_at,
+                            "handed_back_after_s": round(waited, 2),
+                        }
+                    )
+        self.expect(
+            not late,
+            f"{len(late)} items of killed workers handed back later than "
+            f"{REQUEUE_BOUND_S} s: {sorted(late)[-5:]}",
+        )
+        finite = sorted(t for t in times if t != float("inf"))
+        return {
+            "items_held_at_kills": len(times),
+            "handed_back_p50_s": _pct(finite, 50),
+            "handed_back_max_s": round(finite[-1], 2) if finite else None,
+            "bound_s": REQUEUE_BOUND_S,
+            "late": self.late_detail,
+            "during_pg_outage": len(outside),
+            "during_pg_outage_max_s": round(max(outside), 2) if outside else None,
+        }
+
+    def _resubscribed(self, witness: int, since: float) -> tuple[float | None, float | None]:
+        """When the witness logged its wake-up channel lost, and back, after `since`: the
+        loop logs both once (docs/operations.md, Wake-ups). Times from the log lines."""
+        lost = back = None
+        slot = self.fleet.slots[witness]
+        for inc in slot.incarnations:
+            if inc.started > since or (inc.ended is not None and inc.ended < since):
+                continue
+            for line in (self.run_.run_dir / inc.log).read_text(errors="replace").splitlines():
+                match = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ", line)
+                if not match:
+                    continue
+                at = time.mktime(time.strptime(match.group(1), "%Y-%m-%d %H:%M:%S"))
+                at += int(match.group(2)) / 1000
+                if at < since:
+                    continue
+                if lost is None and "wake-ups (topic) lost" in line:
+                    lost = at
+                elif lost is not None and "wake-ups (topic) back" in line:
+                    return lost, at
+        return lost, back
+
+    def _faults(self) -> list[dict[str, Any]]:
+        rows = []
+        health = self.fleet.health
+        for f in self.run_.faults:
+            row: dict[str, Any] = {"fault": f.name, "at": f.at, **f.detail}
+            if f.name in ("PostgreSQL restart", "Redis outage") and "up_at" in f.detail:
+                witness = f.detail["witness"]
+                bound = (
+                    PG_UNHEALTHY_BOUND_S
+                    if f.name.startswith("PostgreSQL")
+                    else REDIS_UNHEALTHY_BOUND_S
+                )
+                down, up = f.detail["down_at"], f.detail["up_at"]
+                seen = [h for h in health if h[1] == witness and down - 5 <= h[0]]
+                pids = {h[2] for h in seen if h[0] <= up + HEALTHY_AGAIN_BOUND_S}
+                unhealthy = next(
+                    (h[0] for h in seen if h[0] >= down and h[3] not in (200, None)), None
+                )
+                healthy = next((h[0] for h in seen if h[0] >= up and h[3] == 200), None)
+                row.update(
+                    outage_s=round(up - down, 1),
+                    witness_pids=sorted(pids),
+                    unhealthy_after_s=None if unhealthy is None else round(unhealthy - down, 2),
+                    unhealthy_bound_s=bound,
+                    healthy_again_after_s=None if healthy is None else round(healthy - up, 2),
+                    healthy_again_bound_s=HEALTHY_AGAIN_BOUND_S,
+                )
+                self.expect(len(pids) == 1, f"{f.name}: the witness restarted during the outage")
+                self.expect(
+                    unhealthy is not None and unhealthy - down <= bound,
+                    f"{f.name}: /healthz not non-2xx within {bound} s",
+                )
+                self.expect(
+                    healthy is not None and healthy - up <= HEALTHY_AGAIN_BOUND_S,
+                    f"{f.name}: /healthz not 2xx again within {HEALTHY_AGAIN_BOUND_S} s",
+                )
+            if f.name == "half-open Redis connections":
+                lost, back = self._resubscribed(f.detail["witness"], f.at)
+                row.update(
+                    wake_ups_lost_after_s=None if lost is None else round(lost - f.at, 2),
+                    wake_ups_back_after_s=None if back is None else round(back - f.at, 2),
+                    bound_s=RESUBSCRIBE_BOUND_S,
+                )
+                self.expect(
+                    back is not None and back - f.at <= RESUBSCRIBE_BOUND_S,
+                    f"half-open: wake-ups not back within {RESUBSCRIBE_BOUND_S} s",
+                )
+            rows.append(row)
+        names = {f.name for f in self.run_.faults}
+        for expected in (
+            "PostgreSQL restart",
+            "Redis outage",
+            "half-open Redis connections",
+            "pg_terminate_backend",
+            "handler blocks its event loop",
+        ):
+            self.expect(expected in names, f"fault not injected: {expected}")
+        self.expect(bool(self.fleet.kills), "no worker was killed")
+        return rows
+
+
+Row = Any  # an asyncpg.Record or a mapping with the same keys
+
+
+def changes_to(status: str, transitions: list[Row]) -> dict[Any, list[Any]]:
+    """Item id -> the claim tokens it held each time it changed to `status`, in order: an
+    item completed once has one token under `COMPLETED`."""
+    found: dict[Any, list[Any]] = {}
+    for t in transitions:
+        if t["new_status"] == status and t["old_status"] != status:
+            found.setdefault(t["item_id"], []).append(t["old_token"])
+    return found
+
+
+def executions(
+    ledger: list[Row], transitions: list[Row], kill_at: dict[int, float]
+) -> dict[Any, list[tuple[float, float, int]]]:
+    """Item id -> its executions as (start, end, pid), times in epoch seconds.
+
+    An execution ends at its ledger `ended` time; without one (its process died, or it
+    raised before stamping it) at its process's kill, else at the first change that took the
+    item from its claim token (the failure or hand-back written after it), else never.
+    """
+    leave_at: dict[tuple[Any, Any], float] = {}
+    for t in transitions:
+        if t["old_token"] is not None and (
+            t["old_token"] != t["new_token"] or t["new_status"] != "CLAIMED"
+        ):
+            leave_at.setdefault((t["item_id"], t["old_token"]), float(t["at"]))
+    runs: dict[Any, list[tuple[float, float, int]]] = {}
+    for r in ledger:
+        end = r["ended"]
+        if end is None:
+            killed = kill_at.get(r["pid"])
+            candidates = [
+                killed if killed is not None and killed >= float(r["started"]) else None,
+                leave_at.get((r["item_id"], r["claim_token"])),
+            ]
+            end = min((c for c in candidates if c is not None), default=float("inf"))
+        runs.setdefault(r["item_id"], []).append((float(r["started"]), float(end), r["pid"]))
+    return runs
+
+
+def overlapping(runs: dict[Any, list[tuple[float, float, int]]]) -> list[dict[str, Any]]:
+    """Every pair of executions of one item that overlap in time, each with its overlap in
+    seconds (an execution that never ended overlaps everything after its start)."""
+    found = []
+    for item_id, spans in runs.items():
+        ordered = sorted(spans)
+        for i, (s1, e1, p1) in enumerate(ordered):
+            for s2, e2, p2 in ordered[i + 1 :]:
+                if s2 >= e1:
+                    continue
+                found.append(
+                    {
+                        "item": str(item_id),
+                        "first": [s1, e1, p1],
+                        "second": [s2, e2, p2],
+                        "overlap_s": round(min(e1, e2) - s2, 3),
+                    }
+                )
+    return found
+
+
+def _pct(ordered: list[float], pct: float) -> float | None:
+    if not ordered:
+        return None
+    return round(ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))], 3)
+
+
+def print_report(report: dict[str, Any]) -> None:
+    o, r = report["outcome"], report["recovery"]
+    print()
+    print(
+        "| items | completed | dead-lettered by design (audited) | lost | completed twice "
+        "| records not advanced once | overlapping executions | items run more than once |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    print(
+        f"| {o['items']:,} | {o['completed']:,} | {o['dead_lettered_by_design']} | {o['lost']} "
+        f"| {o['completed_twice']} | {o['records_not_advanced_once']} "
+        f"| {o['overlapping_executions']} | {o['items_run_more_than_once']:,} |"
+    )
+    print()
+    print("| fault | injected | measured | bound |")
+    print("|---|---|---|---|")
+    print(
+        f"| kill -9 of a worker (restarted at once) | {o['kills']} | {r['items_held_at_kills']} items "
+        f"held at the kills, handed back after p50 {r['handed_back_p50_s']} s, max "
+        f"{r['handed_back_max_s']} s ({r['during_pg_outage']} during the PostgreSQL outage) "
+        f"| {r['bound_s']} s |"
+    )
+    for f in report["faults"]:
+        if "unhealthy_after_s" in f:
+            measured = (
+                f"down {f['outage_s']} s; /healthz 503 after {f['unhealthy_after_s']} s, "
+                f"200 again {f['healthy_again_after_s']} s after recovery"
+            )
+            bound = f"{f['unhealthy_bound_s']} s / {f['healthy_again_bound_s']} s"
+        elif "wake_ups_back_after_s" in f:
+            measured = (
+                f"{f['silenced']} connections silenced; the witness's wake-ups lost "
+                f"after {f['wake_ups_lost_after_s']} s, back after "
+                f"{f['wake_ups_back_after_s']} s"
+            )
+            bound = f"{f['bound_s']} s"
+        elif "terminated" in f:
+            measured, bound = f"{f['terminated']} connections terminated", "-"
+        else:
+            overlaps = o["blocked_item_overlaps"]
+            measured = (
+                f"loop blocked {f.get('blocked_s')} s; the item ran again elsewhere, "
+                f"{len(overlaps)} overlap(s) of "
+                + ", ".join(f"{x['overlap_s']} s" for x in overlaps)
+                if overlaps
+                else f"loop blocked {f.get('blocked_s')} s; no overlap"
+            )
+            bound = "reported"
+        print(f"| {f['fault']} | 1 | {measured} | {bound} |")
+    print()
+    print(
+        f"{o['executions']:,} executions in {o['duration_s']} s; {o['incarnations']} worker "
+        f"processes; enqueue retries {o['enqueue_retries']}; exits other than kills: "
+        f"{len(o['exits_other_than_kills'])}"
+    )
+    if report["failures"]:
+        print("\nINVARIANTS BROKEN:")
+        for failure in report["failures"]:
+            print(f"  - {failure}")
+    else:
+        print("\nevery invariant held")
+
+
+# -- soak -----------------------------------------------------------------------------------
+
+
+def _proc_figures(pid: int, pg_port: int, redis_port: int) -> dict[str, float] | None:
+    """RSS (MB), open file descriptors, and sockets to PostgreSQL and to Redis of `pid`."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fds = os.listdir(f"/proc/{pid}/fd")
+        inodes = set()
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    except OSError:
+        return None
+    rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+    pg = rd = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                if cols[9] in inodes and cols[3] == "01":  # ESTABLISHED
+                    port = int(cols[2].rsplit(":", 1)[1], 16)
+                    pg += port == pg_port
+                    rd += port == redis_port
+    return {"rss_mb": round(rss, 1), "fds": len(fds), "pg_connections": pg, "redis_connections": rd}
+
+
+async def run_soak(run: ChaosRun, host: Path, env: dict[str, str]) -> int:
+    args = run.args
+    await run.proxy.start()
+    fleet = run.fleet = Fleet(host, env, run.run_dir)
+    for slot in fleet.slots:
+        fleet.start(slot)
+    await fleet.wait_healthy()
+    tasks = [asyncio.create_task(fleet.supervise())]
+    try:
+        burst = args.burst_items
+        say(f"measuring capacity: {burst} items at once")
+        await run.client(host, env, burst, 1e9, [], -1)
+        while await run.unsettled() > 0:
+            await asyncio.sleep(0.1)
+        capacity = burst / await _drain_seconds(run)
+        rate = capacity / 2
+        total = int(rate * args.minutes * 60)
+        say(
+            f"capacity {capacity:.0f} items/s; soaking at {rate:.0f} items/s for {args.minutes} min "
+            f"({total:,} items)"
+        )
+        run.client_done.clear()
+        client = asyncio.create_task(run.client(host, env, total, rate, [], -1))
+        tasks.append(client)
+        samples: list[dict[str, Any]] = []
+        origin = time.time()
+        while not client.done():
+            await asyncio.sleep(5)
+            now = time.time()
+            for slot in fleet.slots:
+                if not fleet.alive(slot):
+                    continue
+                assert slot.proc is not None
+                figures = _proc_figures(slot.proc.pid, run.pg.port, run.proxy.listen_port)
+                _, metrics = await http_get(slot.port, "/metrics")
+                tasks_n = _metric(metrics or "", "worker_event_loop_tasks")
+                if figures is not None:
+                    samples.append(
+                        {
+                            "t": now - origin,
+                            "slot": slot.index,
+                            "pid": slot.proc.pid,
+                            **figures,
+                            "tasks": tasks_n,
+                        }
+                    )
+            minute = int((now - origin) // 60) + 1
+            if int((now - 10 - origin) // 60) + 1 != minute:
+                say(f"minute {minute - 1} done")
+        client.result()
+        while await run.unsettled() > 0:
+            await asyncio.sleep(0.5)
+        latency = await _claim_latency(run, origin)
+    finally:
+        fleet.stopping = True
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.to_thread(fleet.stop_all)
+        await run.proxy.close()
+    report = _soak_report(samples, latency, fleet, capacity, rate, args.minutes)
+    (run.run_dir / "soak.json").write_text(json.dumps(report, indent=2))
+    say(f"logs and soak.json kept in {run.run_dir}")
+    return 0 if report["ok"] else 1
+
+
+async def _drain_seconds(run: ChaosRun) -> float:
+    """Seconds from the first claim to the last completion (the transitions so far)."""
+    conn = await asyncpg.connect(run.pg.url())
+    try:
+        return float(
+            await conn.fetchval(
+                "SELECT extract(epoch FROM max(at) FILTER (WHERE new_status = 'COMPLETED') "
+                "- min(at) FILTER (WHERE new_status = 'CLAIMED')) FROM chaos_transitions"
+            )
+        )
+    finally:
+        await conn.close()
+
+
+def _metric(text: str, name: str) -> float | None:
+    match = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+async def _claim_latency(run: ChaosRun, origin: float) -> dict[int, dict[str, float]]:
+    """Per minute of the soak: p50/p95/p99 of claim time minus the item's available_at."""
+    conn = await asyncpg.connect(run.pg.url())
+    try:
+        rows = await conn.fetch(
+            "SELECT floor((extract(epoch FROM at) - $1) / 60)::int + 1 AS minute, "
+            "percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP "
+            "(ORDER BY extract(epoch FROM at - available_at)) AS p, count(*) AS n "
+            "FROM chaos_transitions WHERE new_status = 'CLAIMED' AND at >= to_timestamp($1) "
+            "GROUP BY 1 ORDER BY 1",
+            origin,
+        )
+    finally:
+        await conn.close()
+    return {
+        int(r["minute"]): {
+            "p50_ms": round(r["p"][0] * 1000, 1),
+            "p95_ms": round(r["p"][1] * 1000, 1),
+            "p99_ms": round(r["p"][2] * 1000, 1),
+            "claims": int(r["n"]),
+        }
+        for r in rows
+    }
+
+
+def _soak_report(
+    samples: list[dict[str, Any]],
+    latency: dict[int, dict[str, float]],
+    fleet: Fleet,
+    capacity: float,
+    rate: float,
+    minutes: int,
+) -> dict[str, Any]:
+    failures: list[str] = []
+    figures = ("rss_mb", "fds", "pg_connections", "redis_connections", "tasks")
+
+    # RSS: the median of a minute's samples. The counts move with the load (an item in
+    # flight holds a task, a busy moment opens pooled connections up to the pool's size):
+    # their floor, the fewest seen in the minute, is what a leak raises and load does not.
+    def summary(f: str, values: list[float]) -> float:
+        return statistics.median(values) if f == "rss_mb" else min(values)
+
+    per_minute: dict[int, dict[int, dict[str, float]]] = {}
+    for slot in range(SLOTS):
+        for minute in range(1, minutes + 1):
+            window = [
+                s for s in samples if s["slot"] == slot and minute - 1 <= s["t"] / 60 < minute
+            ]
+            for f in figures:
+                values = [s[f] for s in window if s[f] is not None]
+                if values:
+                    per_minute.setdefault(slot, {}).setdefault(minute, {})[f] = summary(f, values)
+    first, last = min(5, minutes), minutes
+    for slot, by_minute in per_minute.items():
+        a, b = by_minute.get(first), by_minute.get(last)
+        if a is None or b is None:
+            failures.append(f"worker {slot}: no samples at minute {first} or {last}")
+            continue
+        for f in figures:
+            if f in a and f in b and b[f] > a[f] * 1.10 + (0 if f == "rss_mb" else 0.5):
+                failures.append(f"worker {slot}: {f} grew from {a[f]} (minute {first}) to {b[f]}")
+    restarts = [
+        asdict(i) for s in fleet.slots for i in s.incarnations if i.end and "stopped" not in i.end
+    ]
+    if restarts:
+        failures.append(f"{len(restarts)} worker processes ended during the soak")
+    print()
+    print(
+        "| worker | figure | "
+        + " | ".join(f"min {m}" for m in sorted({first, 10, 15, 20, 25, last}) if m <= last)
+        + " |"
+    )
+    cols = [m for m in sorted({first, 10, 15, 20, 25, last}) if m <= last]
+    print("|---|---|" + "---|" * len(cols))
+    for slot, by_minute in sorted(per_minute.items()):
+        for f in figures:
+            print(
+                f"| {slot} | {f} | "
+                + " | ".join(str(by_minute.get(m, {}).get(f, "-")) for m in cols)
+                + " |"
+            )
+    print()
+    print("| minute | claims | p50 ms | p95 ms | p99 ms |")
+    print("|---|---|---|---|---|")
+    for minute, p in sorted(latency.items()):
+        print(f"| {minute} | {p['claims']:,} | {p['p50_ms']} | {p['p95_ms']} | {p['p99_ms']} |")
+    print()
+    print("no growth" if not failures else "GROWTH OR RESTARTS:\n  - " + "\n  - ".join(failures))
+    return {
+        "ok": not failures,
+        "failures": failures,
+        "capacity_items_per_s": round(capacity, 1),
+        "rate_items_per_s": round(rate, 1),
+        "samples": samples,
+        "minutes": minutes,
+        "per_minute": per_minute,
+        "claim_latency": latency,
+        "restarts": restarts,
+    }
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--mode", choices=["chaos", "soak"], default="chaos")
+    parser.add_argument("--items", type=int, default=10_000)
+    parser.add_argument("--seconds", type=float, default=120.0, help="enqueue span (chaos)")
+    parser.add_argument("--kill-every", type=float, default=2.0)
+    parser.add_argument("--redis-outage-s", type=float, default=10.0)
+    parser.add_argument("--pg-outage-s", type=float, default=8.0)
+    parser.add_argument("--work-s", type=float, default=0.01, help="the handler's I/O wait")
+    parser.add_argument("--drain-timeout", type=float, default=180.0)
+    parser.add_argument("--minutes", type=int, default=30, help="soak length")
+    parser.add_argument("--burst-items", type=int, default=5000, help="soak capacity burst")
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+    if args.seed is None:
+        args.seed = random.randrange(1 << 30)
+    for tool in ("initdb", "pg_ctl", "redis-server"):
+        if shutil.which(tool) is None:
+            raise SystemExit(
+                f"chaos: `{tool}` is not on PATH (PostgreSQL and Redis server binaries)"
+            )
+    WORK.mkdir(exist_ok=True)
+    run_dir = WORK / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{args.mode}"
+    run_dir.mkdir()
+    say(f"mode {args.mode}, seed {args.seed}, logs in {run_dir}")
+    run = ChaosRun(args, run_dir)
+    try:
+        host, env = run.setup()
+        if args.mode == "soak":
+            return asyncio.run(run_soak(run, host, env))
+        return asyncio.run(run.run_chaos(host, env))
+    finally:
+        run.teardown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
