@@ -21,7 +21,7 @@ one after another while the kills go on: `kill -9` of a random worker that is up
 `/healthz` has answered) every `--kill-every` seconds (the harness starts a new one at once);
 one half-open Redis connection set (every connection open at that moment goes silent for
 good); one `pg_terminate_backend` of every worker connection; one handler that blocks its
-event loop for the lease + 3 s; one Redis outage (`--redis-outage-s`, 10 s); one PostgreSQL
+event loop for the lease + a sweep interval + 3 s; one Redis outage (`--redis-outage-s`, 10 s); one PostgreSQL
 restart (`pg_ctl stop -m immediate`, down `--pg-outage-s`, then started). A few items
 are poison (fail every attempt: dead-lettered by design). While an outage lasts one worker (the witness) is spared the kills, so its
 `/healthz` is seen across the whole outage; the process running the blocked handler is
@@ -103,6 +103,9 @@ REQUEUE_BOUND_S = LEASE_S + SWEEP_INTERVAL_S + SLACK_S
 PG_UNHEALTHY_BOUND_S = 4 * POLL_INTERVAL_S + SLACK_S
 REDIS_UNHEALTHY_BOUND_S = (HEARTBEAT_FAILURE_LIMIT + 1) * HEARTBEAT_INTERVAL_S + SLACK_S
 HEALTHY_AGAIN_BOUND_S = max(HEARTBEAT_INTERVAL_S, POLL_INTERVAL_S) + SLACK_S
+# The blocked handler sleeps past the lease and a sweep and more, so that the item is
+# handed back and run elsewhere while the first run is still inside its handler.
+BLOCK_S = LEASE_S + SWEEP_INTERVAL_S + 3
 # A silent subscription is found in about 5 s (a probe after 2 s of silence, 2 s to
 # answer) and re-established within about 1 s after that (docs/operations.md, Wake-ups).
 RESUBSCRIBE_BOUND_S = 7.0
@@ -584,7 +587,7 @@ class ChaosRun:
                 f"{PREFIX}DRAIN_DEADLINE": "5",
                 "CHAOS_LEDGER_URL": self.pg.url(),
                 "CHAOS_WORK_S": str(self.args.work_s),
-                "CHAOS_BLOCK_S": str(LEASE_S + 3),
+                "CHAOS_BLOCK_S": str(BLOCK_S),
             }
         )
         return host, env
@@ -696,7 +699,7 @@ class ChaosRun:
 
     async def blocked_loop(self, fleet: Fleet, index: int) -> None:
         """Have the client enqueue item `index` (note `block`), spare the process that runs
-        it until its handler has blocked for the lease + 3 s and a little after."""
+        it until its handler has blocked for `BLOCK_S` and a little after."""
         (self.run_dir / "block.go").touch()
         conn = await asyncpg.connect(self.pg.url())
         try:
@@ -720,10 +723,10 @@ class ChaosRun:
             Fault(
                 "handler blocks its event loop",
                 float(row["started"]),
-                {"pid": row["pid"], "blocked_s": LEASE_S + 3},
+                {"pid": row["pid"], "blocked_s": BLOCK_S},
             )
         )
-        await asyncio.sleep(LEASE_S + 3 + 5)
+        await asyncio.sleep(BLOCK_S + 5)
         fleet.spared_pids.discard(row["pid"])
 
     async def redis_outage(self, fleet: Fleet) -> None:
@@ -1003,7 +1006,9 @@ class Checks:
             if t["old_status"] == "CLAIMED" and t["old_token"] is not None:
                 left.setdefault((t["item_id"], t["old_token"]), float(t["at"]))
         window = self._pg_window()
-        times, outside, late = [], [], []
+        in_outage: list[float] = []
+        late: list[float] = []
+        calm_times: list[float] = []
         for killed_at, _, pid in self.fleet.kills:
             for key, claimed_at in held.get(pid, {}).items():
                 if claimed_at > killed_at:
@@ -1012,15 +1017,16 @@ class Checks:
                 if back is not None and back < killed_at:
                     continue  # settled before the kill
                 waited = (back if back is not None else float("inf")) - killed_at
-                times.append(waited)
                 meets_outage = (
                     window is not None
                     and killed_at < window[1]
                     and (killed_at + REQUEUE_BOUND_S > window[0])
                 )
                 if meets_outage:
-                    outside.append(waited)
-                elif waited > REQUEUE_BOUND_S:
+                    in_outage.append(waited)
+                    continue
+                calm_times.append(waited)
+                if waited > REQUEUE_BOUND_S:
                     late.append(round(waited, 2))
                     self.late_detail.append(
                         {
@@ -1036,15 +1042,15 @@ class Checks:
             f"{len(late)} items of killed workers handed back later than "
             f"{REQUEUE_BOUND_S} s: {sorted(late)[-5:]}",
         )
-        finite = sorted(t for t in times if t != float("inf"))
+        calm = sorted(t for t in calm_times if t != float("inf"))
         return {
-            "items_held_at_kills": len(times),
-            "handed_back_p50_s": _pct(finite, 50),
-            "handed_back_max_s": round(finite[-1], 2) if finite else None,
+            "items_held_at_kills": len(calm_times),
+            "handed_back_p50_s": _pct(calm, 50),
+            "handed_back_max_s": round(calm[-1], 2) if calm else None,
             "bound_s": REQUEUE_BOUND_S,
             "late": self.late_detail,
-            "during_pg_outage": len(outside),
-            "during_pg_outage_max_s": round(max(outside), 2) if outside else None,
+            "during_pg_outage": len(in_outage),
+            "during_pg_outage_max_s": round(max(in_outage), 2) if in_outage else None,
         }
 
     def _resubscribed(self, witness: int, since: float) -> tuple[float | None, float | None]:
@@ -1218,8 +1224,8 @@ def print_report(report: dict[str, Any]) -> None:
     print(
         f"| kill -9 of a worker (restarted at once) | {o['kills']} | {r['items_held_at_kills']} items "
         f"held at the kills, handed back after p50 {r['handed_back_p50_s']} s, max "
-        f"{r['handed_back_max_s']} s ({r['during_pg_outage']} during the PostgreSQL outage) "
-        f"| {r['bound_s']} s |"
+        f"{r['handed_back_max_s']} s; {r['during_pg_outage']} more held when the PostgreSQL "
+        f"outage began, back after at most {r['during_pg_outage_max_s']} s | {r['bound_s']} s |"
     )
     for f in report["faults"]:
         if "unhealthy_after_s" in f:
@@ -1318,6 +1324,7 @@ async def run_soak(run: ChaosRun, host: Path, env: dict[str, str]) -> int:
         tasks.append(client)
         samples: list[dict[str, Any]] = []
         origin = time.time()
+        reported = 0
         while not client.done():
             await asyncio.sleep(5)
             now = time.time()
@@ -1338,9 +1345,10 @@ async def run_soak(run: ChaosRun, host: Path, env: dict[str, str]) -> int:
                             "tasks": tasks_n,
                         }
                     )
-            minute = int((now - origin) // 60) + 1
-            if int((now - 10 - origin) // 60) + 1 != minute:
-                say(f"minute {minute - 1} done")
+            minutes_done = int((now - origin) // 60)
+            if minutes_done > reported:
+                reported = minutes_done
+                say(f"minute {minutes_done} of {args.minutes} done")
         client.result()
         while await run.unsettled() > 0:
             await asyncio.sleep(0.5)
