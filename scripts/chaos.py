@@ -645,6 +645,15 @@ class ChaosRun:
             raise SystemExit(f"chaos: the enqueuing client exited {code} (client.log)")
         self.client_done.set()
 
+    async def wind_down(self, fleet: Fleet, tasks: list[asyncio.Task[Any]]) -> None:
+        """Cancel the run's tasks, stop every worker with SIGTERM, close the proxy."""
+        fleet.stopping = True
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.to_thread(fleet.stop_all)
+        await self.proxy.close()
+
     async def unsettled(self) -> int:
         """Items neither COMPLETED nor FAILED."""
         conn = await asyncpg.connect(self.pg.url())
@@ -790,8 +799,9 @@ class ChaosRun:
             while True:
                 await asyncio.sleep(1)
                 for task in tasks:
-                    if task.done() and not task.cancelled() and task.exception() is not None:
-                        raise task.exception()  # type: ignore[misc]
+                    failed = task.exception() if task.done() and not task.cancelled() else None
+                    if failed is not None:
+                        raise failed
                 if self.client_done.is_set() and faults_done.done():
                     try:
                         left = await self.unsettled()
@@ -812,12 +822,7 @@ class ChaosRun:
                         f"{len(fleet.kills)}, faults {len(self.faults)}"
                     )
         finally:
-            fleet.stopping = True
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await asyncio.to_thread(fleet.stop_all)
-            await self.proxy.close()
+            await self.wind_down(fleet, tasks)
         duration = time.monotonic() - origin
         report = await Checks(self, fleet, items, poison, block, duration).run()
         (self.run_dir / "summary.json").write_text(json.dumps(report, indent=2, default=str))
@@ -1210,7 +1215,8 @@ def print_report(report: dict[str, Any]) -> None:
     print()
     print(
         "| items | completed | dead-lettered by design (audited) | lost | completed twice "
-        "| records not advanced once | overlapping executions | items run more than once |"
+        "| records not advanced once | overlapping executions (the blocked item's apart) "
+        "| items run more than once |"
     )
     print("|---|---|---|---|---|---|---|---|")
     print(
@@ -1284,7 +1290,10 @@ def _proc_figures(pid: int, pg_port: int, redis_port: int) -> dict[str, float] |
                     inodes.add(target[8:-1])
     except OSError:
         return None
-    rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+    found = re.search(r"VmRSS:\s+(\d+)", status)
+    if found is None:
+        return None  # a zombie: no memory left to measure
+    rss = int(found.group(1)) / 1024
     pg = rd = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError), open(table) as f:
@@ -1354,12 +1363,7 @@ async def run_soak(run: ChaosRun, host: Path, env: dict[str, str]) -> int:
             await asyncio.sleep(0.5)
         latency = await _claim_latency(run, origin)
     finally:
-        fleet.stopping = True
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.to_thread(fleet.stop_all)
-        await run.proxy.close()
+        await run.wind_down(fleet, tasks)
     report = _soak_report(samples, latency, fleet, capacity, rate, args.minutes)
     (run.run_dir / "soak.json").write_text(json.dumps(report, indent=2))
     say(f"logs and soak.json kept in {run.run_dir}")

@@ -25,6 +25,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 from acme.infra.container import Infra
@@ -45,11 +46,12 @@ def record_id(index: int) -> uuid.UUID:
     return uuid.uuid5(CHAOS_NAMESPACE, str(index))
 
 
-async def _retrying(what: str, call, retries: list[int]):  # type: ignore[no-untyped-def]
+async def _retrying(what: str, call: Callable[[], Awaitable[None]], retries: list[int]) -> None:
     """Await `call()` until it succeeds, 0.5 s between tries; counts the retries."""
     while True:
         try:
-            return await call()
+            await call()
+            return
         except Exception as exc:  # noqa: BLE001 - every failure here is a fault of the run
             retries[0] += 1
             print(json.dumps({"retry": what, "error": type(exc).__name__}), flush=True)
