@@ -142,3 +142,62 @@ def test_the_proxy_silences_open_connections_and_lets_new_ones_through() -> None
             upstream.close()
 
     asyncio.run(scenario())
+
+
+def _soak_samples(minutes: int, pg_at_last: int) -> list[dict[str, Any]]:
+    """Every 30 s, per worker: flat figures, but worker 0's pool at `pg_at_last`
+    connections (and as many more fds) through the last minute."""
+    samples = []
+    for step in range(minutes * 2):
+        t = step * 30.0 + 1
+        for slot in range(chaos.SLOTS):
+            pg = pg_at_last if slot == 0 and t / 60 >= minutes - 1 else 10
+            samples.append(
+                {"t": t, "slot": slot, "pid": 100 + slot, "rss_mb": 100.0, "fds": 8 + pg}
+                | {"pg_connections": pg, "redis_connections": 2, "tasks": 6.0}
+            )
+    return samples
+
+
+def _latency(minutes: int, late_p95_ms: float) -> dict[int, dict[str, float]]:
+    return {
+        m: {"p50_ms": 15.0, "p95_ms": 40.0 if m <= minutes - 5 else late_p95_ms}
+        | {"p99_ms": 60.0, "claims": 6000}
+        for m in range(1, minutes + 1)
+    }
+
+
+def _burst(pg_peak: int) -> list[dict[str, Any]]:
+    return [
+        {"t": 0.0, "slot": slot, "pid": 100 + slot, "rss_mb": 100.0, "fds": 8 + pg_peak}
+        | {"pg_connections": pg_peak, "redis_connections": 2, "tasks": 16.0}
+        for slot in range(chaos.SLOTS)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("burst_peak", "late_p95_ms", "failures"),
+    [
+        (17, 40.0, []),  # the pool kept what the burst opened: no growth
+        (12, 40.0, ["fds grew", "pg_connections grew"]),  # past the burst's peak: growth
+        (17, 400.0, ["claim latency p95 grew"]),  # claims slower at the end
+    ],
+)
+def test_the_soak_tells_a_pool_that_filled_from_a_leak_and_sees_latency_grow(
+    tmp_path: Path, burst_peak: int, late_p95_ms: float, failures: list[str]
+) -> None:
+    fleet = chaos.Fleet(tmp_path, {}, tmp_path)
+    report = chaos._soak_report(
+        _soak_samples(10, 17),
+        _burst(burst_peak),
+        [],
+        _latency(10, late_p95_ms),
+        fleet,
+        200.0,
+        100.0,
+        10,
+    )
+    assert report["ok"] is (not failures)
+    assert len(report["failures"]) == len(failures)
+    for failure, expected in zip(report["failures"], failures, strict=True):
+        assert expected in failure
