@@ -217,11 +217,20 @@ _OUTBOX_KIND = re.compile(r"\bkind\s+(?:TYPE\s+)?varchar\s*\(\s*(\d+)\s*\)", re.
 
 def outbox_kind_size(path: Path) -> int | None:
     """The size of the host's `outbox.kind` column (`varchar(N)`) from its SQL migrations,
-    the last one that sets it winning; None when no migration sizes it (an unbounded text)."""
+    the last one that sets it winning; None when no migration sizes it (an unbounded text).
+
+    Read once per set of file versions: copier's context hook asks on every render."""
+    files = sorted(path.glob("om/migrations/sql/*/*outbox*.up.sql"), key=lambda p: p.name)
+    return _outbox_kind_size_of(tuple((str(sql), _mtime_ns(str(sql))) for sql in files))
+
+
+@lru_cache(maxsize=16)
+def _outbox_kind_size_of(files: tuple[tuple[str, int | None], ...]) -> int | None:
+    """`outbox_kind_size` over `files`, (path, modification time) in migration order."""
     size: int | None = None
-    for sql in sorted(path.glob("om/migrations/sql/*/*outbox*.up.sql"), key=lambda p: p.name):
+    for sql, _ in files:
         try:
-            text = sql.read_text(encoding="utf-8")
+            text = Path(sql).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
         for match in _OUTBOX_KIND.finditer(text):

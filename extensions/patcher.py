@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import io
@@ -1022,11 +1023,25 @@ def _deploy_edit(edit: Callable[[str], str]) -> Callable[[str, Spec, int], str]:
 
 
 def line_length(host: Path) -> int:
-    """`[tool.ruff] line-length` of the host (ruff's default 88 when unset)."""
+    """`[tool.ruff] line-length` of the host (ruff's default 88 when unset).
+
+    Parsed once per version of the file: copier's context hook asks on every render."""
+    path = host / "pyproject.toml"
+    try:
+        stamp = path.stat()
+    except OSError:
+        return 88
+    return _line_length_at(str(path), stamp.st_mtime_ns, stamp.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _line_length_at(path: str, mtime_ns: int, size: int) -> int:
+    """`line_length` of the pyproject.toml at `path` as of `mtime_ns` and `size`."""
+    del mtime_ns, size  # part of the cache key only
     import tomllib
 
     try:
-        data = tomllib.loads((host / "pyproject.toml").read_text(encoding="utf-8"))
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError):
         return 88
     return int(data.get("tool", {}).get("ruff", {}).get("line-length", 88))
