@@ -39,6 +39,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncpg
 import redis.asyncio as aioredis
@@ -100,14 +101,25 @@ def run(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> None
 async def _pg_ok(url: str) -> str | None:
     try:
         conn = await asyncio.wait_for(asyncpg.connect(url), timeout=3)
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+    except (
+        OSError,
+        TimeoutError,
+        ValueError,
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+    ) as exc:
+        # asyncpg refuses a URL it cannot read (another scheme, a bad port) with an
+        # InterfaceError or a ValueError: named like an unreachable server, not a traceback.
         return f"{type(exc).__name__}: {exc}"
     await conn.close()
     return None
 
 
 async def _redis_ok(url: str) -> str | None:
-    client = aioredis.Redis.from_url(url)
+    try:
+        client = aioredis.Redis.from_url(url)
+    except ValueError as exc:  # a scheme redis-py does not take
+        return f"{type(exc).__name__}: {exc}"
     try:
         await asyncio.wait_for(client.ping(), timeout=3)
     except (OSError, TimeoutError, RedisError) as exc:
@@ -150,7 +162,7 @@ def choose_backend(requested: str, work: Path) -> Backend:
             raise SystemExit("demo: the servers named are not reachable (see above)")
         print("demo: continuing on the embedded backend instead.")
         return embedded
-    host = pg_admin.split("@", 1)[1].rsplit("/", 1)[0]
+    host = urlsplit(pg_admin).netloc.rsplit("@", 1)[-1]  # host[:port], without the user
     return Backend(
         "PostgreSQL + Redis",
         f"postgresql+asyncpg://acme_app@{host}/acme_demo",
