@@ -391,3 +391,26 @@ def test_a_noop_worker_is_a_maintenance_worker_whose_handler_takes_no_managers(
     assert (
         "def __init__(self, *, audit: AuditManagerInterface)" in (mailer / "handler.py").read_text()
     )
+
+
+@pytest.mark.slow
+def test_a_host_without_batched_audit_appends_passes_the_workers_tests(
+    make_host: Callable[..., Path], render: Callable[..., Any], uv_env: dict[str, str]
+) -> None:
+    """The optional `append_many` of docs/host-contract.md ("Batched audit appends") gone
+    from the host's audit manager, as in a host written before it: the worker's container
+    hands the handlers the host's manager itself (one session per entry), and the engine's
+    audit tests, the worker's handler and loop tests pass over it (issue 10)."""
+    host = make_host()
+    manager = host / "om/src/acme/om/audit/impl/manager.py"
+    text = manager.read_text()
+    assert "    async def append_many(" in text
+    manager.write_text(text.replace("    async def append_many(", "    async def _no_batches("))
+    render(host)
+    commit_all(host, "shipment-notifier over a host without append_many")
+    synced = uv_sync(host, uv_env)
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    tests = ("workers/runtime/tests/test_audit.py", "workers/shipment-notifier/tests")
+    ran = host_gate(host, uv_env, "uv", "run", "--all-packages", "pytest", "-q", *tests)
+    assert " passed" in ran.splitlines()[-1]
+    assert " failed" not in ran.splitlines()[-1]
