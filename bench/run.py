@@ -314,6 +314,25 @@ async def _admin(database: str, *statements: str) -> None:
         await conn.close()
 
 
+async def _others_connected(database: str) -> list[str]:
+    """Every other session connected to `database`, as `pid application_name (client)`;
+    a session that is closing is given 2 s to go."""
+    conn = await asyncpg.connect(_admin_url(database))
+    try:
+        for _ in range(20):
+            rows = await conn.fetch(
+                "SELECT pid, application_name, client_addr FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND backend_type = 'client backend'"
+            )
+            if not rows:
+                return []
+            await asyncio.sleep(0.1)
+        return [f"{r['pid']} {r['application_name'] or '-'} ({r['client_addr']})" for r in rows]
+    finally:
+        await conn.close()
+
+
 async def _fetchval(database: str, query: str) -> Any:
     conn = await asyncpg.connect(_admin_url(database))
     try:
@@ -416,11 +435,23 @@ class Bench:
     # every system ---------------------------------------------------------------------
 
     def reset(self, row: Row) -> None:
-        """Empty the row's queue (and what its handler writes), so each phase starts clean."""
+        """Empty the row's queue (and what its handler writes), so each phase starts clean.
+
+        Refuses (exits) while any other session is connected to the row's database: a
+        worker left over from an earlier run (or from someone's own experiment) would
+        claim items beside the measured one, and the drain and the wake-up probes would
+        measure two workers."""
         if row.sqlite:
             for path in self.host.glob(f"{SQLITE_FILE}*"):
                 path.unlink()
             return
+        others = asyncio.run(_others_connected(_database(row)))
+        if others:
+            raise SystemExit(
+                f"bench: {len(others)} other session(s) are connected to {_database(row)} "
+                f"before {row.key}: {'; '.join(others)}. Stop that process (a worker left "
+                "running would take items beside the measured one) and run again."
+            )
         asyncio.run(_admin(_database(row), RESET[row.system]))
 
     def enqueue(self, row: Row, singles: int, items: int) -> dict[str, Any]:
