@@ -81,6 +81,7 @@ async def enqueue(url: str, redis: str | None, singles: int, items: int, batch: 
             await managers.work.enqueue_many(ctx, chunk)
         batch_seconds = time.perf_counter() - started
     finally:
+        await managers.work.publish_owed_wake_ups()
         await funnel.dispose()
         await infra.aclose()
     return {"single_seconds": single_seconds, "batch_seconds": batch_seconds}
@@ -98,6 +99,7 @@ async def wake(url: str, redis: str | None, count: int, cadence: float) -> dict:
             starts[str(item.payload["record_id"])] = time.time()
             await managers.work.enqueue(ctx, item)
     finally:
+        await managers.work.publish_owed_wake_ups()
         await funnel.dispose()
         await infra.aclose()
     return {"starts": starts}

@@ -134,6 +134,7 @@ async def main(args: argparse.Namespace) -> None:
         await maybe_block(last=True)
     finally:
         await ledger.close()
+        await managers.work.publish_owed_wake_ups()
         await funnel.dispose()
         await infra.aclose()
     print(
