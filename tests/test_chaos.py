@@ -201,3 +201,21 @@ def test_the_soak_tells_a_pool_that_filled_from_a_leak_and_sees_latency_grow(
     assert len(report["failures"]) == len(failures)
     for failure, expected in zip(report["failures"], failures, strict=True):
         assert expected in failure
+
+
+def test_an_overlap_of_an_item_in_flight_when_the_loop_blocked_is_the_faults_own() -> None:
+    # Process 100's loop blocks at 1.2 while it runs A (started 1.1, the blocked item's
+    # neighbour): A cannot renew its lease, B runs it elsewhere at 7.6. The same overlap in
+    # another process, or one that started after the block began, is not the fault's.
+    transitions = [
+        _change("AVAILABLE", "CLAIMED", None, A, 1.0),
+        _change("CLAIMED", "AVAILABLE", A, None, 7.0),
+        _change("AVAILABLE", "CLAIMED", None, B, 7.5),
+        _change("CLAIMED", "COMPLETED", B, None, 8.0),
+    ]
+    ledger = [_run(A, 100, 1.1, 12.0), _run(B, 200, 7.6, 7.9)]
+    (found,) = chaos.overlapping(chaos.executions(ledger, transitions, {}))
+    assert chaos.in_blocked_loop(found, [(100, 1.2)])
+    assert not chaos.in_blocked_loop(found, [(300, 1.2)])  # another process blocked
+    assert not chaos.in_blocked_loop(found, [(100, 0.5)])  # blocked before A started
+    assert not chaos.in_blocked_loop(found, [])
