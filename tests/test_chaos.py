@@ -88,8 +88,9 @@ def test_an_execution_that_raised_ends_when_its_failure_is_written() -> None:
     assert chaos.overlapping(runs) == []
 
 
-def test_a_run_still_inside_its_handler_when_the_next_starts_is_an_overlap() -> None:
-    # The blocked loop: A's lease passes while it sleeps, B runs, A returns at 12.
+def _blocked_loop_overlaps() -> list[dict[str, Any]]:
+    """The blocked loop: A's lease passes while process 100 sleeps in it (A started at 1.1),
+    B runs the item in process 200 at 7.6, A returns at 12."""
     transitions = [
         _change("AVAILABLE", "CLAIMED", None, A, 1.0),
         _change("CLAIMED", "AVAILABLE", A, None, 7.0),
@@ -97,7 +98,11 @@ def test_a_run_still_inside_its_handler_when_the_next_starts_is_an_overlap() -> 
         _change("CLAIMED", "COMPLETED", B, None, 8.0),
     ]
     ledger = [_run(A, 100, 1.1, 12.0), _run(B, 200, 7.6, 7.9)]
-    found = chaos.overlapping(chaos.executions(ledger, transitions, {}))
+    return chaos.overlapping(chaos.executions(ledger, transitions, {}))
+
+
+def test_a_run_still_inside_its_handler_when_the_next_starts_is_an_overlap() -> None:
+    found = _blocked_loop_overlaps()
     assert len(found) == 1
     assert found[0]["overlap_s"] == pytest.approx(0.3)
 
@@ -207,14 +212,7 @@ def test_an_overlap_of_an_item_in_flight_when_the_loop_blocked_is_the_faults_own
     # Process 100's loop blocks at 1.2 while it runs A (started 1.1, the blocked item's
     # neighbour): A cannot renew its lease, B runs it elsewhere at 7.6. The same overlap in
     # another process, or one that started after the block began, is not the fault's.
-    transitions = [
-        _change("AVAILABLE", "CLAIMED", None, A, 1.0),
-        _change("CLAIMED", "AVAILABLE", A, None, 7.0),
-        _change("AVAILABLE", "CLAIMED", None, B, 7.5),
-        _change("CLAIMED", "COMPLETED", B, None, 8.0),
-    ]
-    ledger = [_run(A, 100, 1.1, 12.0), _run(B, 200, 7.6, 7.9)]
-    (found,) = chaos.overlapping(chaos.executions(ledger, transitions, {}))
+    (found,) = _blocked_loop_overlaps()
     assert chaos.in_blocked_loop(found, [(100, 1.2)])
     assert not chaos.in_blocked_loop(found, [(300, 1.2)])  # another process blocked
     assert not chaos.in_blocked_loop(found, [(100, 0.5)])  # blocked before A started
