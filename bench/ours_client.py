@@ -2,11 +2,16 @@
 enqueues through the host's own managers, as an application of the host would.
 
     python ours_client.py enqueue --url URL [--redis URL] --singles N --items M --batch B
+                                  [--api bulk|many]
     python ours_client.py wake --url URL [--redis URL] --count N --cadence S
 
-`enqueue` creates a tenant, enqueues N items one call each, then M items in batches of B
-(`enqueue_many`), and prints one JSON line: `single_seconds`, `batch_seconds`. The singles
-are enqueued first; the caller empties the table between the two when it wants only the
+`enqueue` creates a tenant, enqueues N items one call each (the generated
+`enqueue_notify_shipment`), then M items in batches of B, and prints one JSON line:
+`single_seconds`, `batch_seconds`. The batches go through the generated
+`enqueue_notify_shipment_bulk` (`--api bulk`, the default: ids back, no `WorkItem` per
+payload) or `enqueue_notify_shipment_many` (`--api many`: the stored items back). Every
+payload is built as the kind's payload model, as a typed caller builds it. The singles are
+enqueued first; the caller empties the table between the two when it wants only the
 batched items drained.
 
 `wake` enqueues N probe items (payload `note` = `wake`) one at a time, one every S seconds,
@@ -35,6 +40,12 @@ from acme.om.schema import create_all
 from acme.om.storage.funnel import StorageFunnel
 from acme.om.storage.impl.sql import SqlStorageRoot
 from acme.om.types import EMPTY_UUID
+from acme.om.work.enqueuers.notify_shipment import (
+    enqueue_notify_shipment,
+    enqueue_notify_shipment_bulk,
+    enqueue_notify_shipment_many,
+)
+from acme.om.work.types.payloads.notify_shipment import NotifyShipmentPayload
 from acme.om.work.types.work_item import WorkItem, WorkKind
 from sqlalchemy.engine import make_url
 
@@ -60,6 +71,10 @@ async def _open(url: str, redis: str | None) -> tuple[StorageFunnel, Infra, Mana
     return funnel, infra, managers, ctx
 
 
+def _payload() -> NotifyShipmentPayload:
+    return NotifyShipmentPayload(record_id=uuid4())
+
+
 def _item(ctx: OpContext, note: str = "") -> WorkItem:
     payload: dict[str, str] = {"record_id": str(uuid4())}
     if note:
@@ -67,18 +82,21 @@ def _item(ctx: OpContext, note: str = "") -> WorkItem:
     return WorkItem.new(org_id=ctx.org_id, kind=KIND, payload=payload)
 
 
-async def enqueue(url: str, redis: str | None, singles: int, items: int, batch: int) -> dict:
-    """Time `singles` single enqueues, then `items` in batches of `batch`."""
+async def enqueue(
+    url: str, redis: str | None, singles: int, items: int, batch: int, api: str = "bulk"
+) -> dict:
+    """Time `singles` single enqueues, then `items` in batches of `batch` through `api`."""
     funnel, infra, managers, ctx = await _open(url, redis)
+    many = enqueue_notify_shipment_bulk if api == "bulk" else enqueue_notify_shipment_many
     try:
         started = time.perf_counter()
         for _ in range(singles):
-            await managers.work.enqueue(ctx, _item(ctx))
+            await enqueue_notify_shipment(managers.work, ctx, _payload())
         single_seconds = time.perf_counter() - started
         started = time.perf_counter()
         for offset in range(0, items, batch):
-            chunk = [_item(ctx) for _ in range(min(batch, items - offset))]
-            await managers.work.enqueue_many(ctx, chunk)
+            chunk = [_payload() for _ in range(min(batch, items - offset))]
+            await many(managers.work, ctx, chunk)
         batch_seconds = time.perf_counter() - started
     finally:
         await managers.work.publish_owed_wake_ups()
@@ -116,12 +134,15 @@ def main() -> None:
             p.add_argument("--singles", type=int, default=1000)
             p.add_argument("--items", type=int, default=20000)
             p.add_argument("--batch", type=int, default=1000)
+            p.add_argument("--api", choices=("bulk", "many"), default="bulk")
         else:
             p.add_argument("--count", type=int, default=200)
             p.add_argument("--cadence", type=float, default=0.02)
     args = parser.parse_args()
     if args.command == "enqueue":
-        result = asyncio.run(enqueue(args.url, args.redis, args.singles, args.items, args.batch))
+        result = asyncio.run(
+            enqueue(args.url, args.redis, args.singles, args.items, args.batch, args.api)
+        )
     else:
         result = asyncio.run(wake(args.url, args.redis, args.count, args.cadence))
     print(json.dumps(result))

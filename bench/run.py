@@ -163,6 +163,7 @@ class Measurement:
 
     enqueue_single_per_s: float | None = None
     enqueue_batch_per_s: float | None = None
+    enqueue_many_per_s: float | None = None
     items_per_s: float | None = None
     drain_seconds: float | None = None
     completed: int = 0
@@ -454,10 +455,11 @@ class Bench:
             )
         asyncio.run(_admin(_database(row), RESET[row.system]))
 
-    def enqueue(self, row: Row, singles: int, items: int) -> dict[str, Any]:
+    def enqueue(self, row: Row, singles: int, items: int, api: str = "bulk") -> dict[str, Any]:
+        """Time the enqueues; ours batches through `enqueue_*_bulk`, or `api="many"`."""
         args = ["--singles", str(singles), "--items", str(items), "--batch", str(BATCH)]
         if row.system == "ours":
-            return self.ours_client(row, "enqueue", *args)
+            return self.ours_client(row, "enqueue", *args, "--api", api)
         cmd = [str(PEERS_PYTHON), str(BENCH / "peers.py"), "enqueue", "--system", row.system]
         return _json_out(
             [*cmd, "--dsn", _peer_dsn(row.system), *args], cwd=REPO, env=dict(os.environ)
@@ -679,6 +681,10 @@ class Bench:
         self.reset(row)
         timed = self.enqueue(row, SINGLES, 0)
         m.enqueue_single_per_s = round(SINGLES / timed["single_seconds"], 1)
+        if row.system == "ours":
+            self.reset(row)
+            timed = self.enqueue(row, 0, ITEMS, api="many")
+            m.enqueue_many_per_s = round(ITEMS / timed["batch_seconds"], 1)
         self.reset(row)
         timed = self.enqueue(row, 0, ITEMS)
         m.enqueue_batch_per_s = round(ITEMS / timed["batch_seconds"], 1)
@@ -730,6 +736,7 @@ def _percentile(ordered: list[float], pct: float) -> float:
 COLUMNS = [
     ("items/s", "items_per_s", 9),
     ("enq batch/s", "enqueue_batch_per_s", 12),
+    ("enq many/s", "enqueue_many_per_s", 11),
     ("enq 1x1/s", "enqueue_single_per_s", 10),
     ("wake p50", "wake_p50_ms", 9),
     ("p95", "wake_p95_ms", 8),
