@@ -4,6 +4,7 @@ enqueues through the host's own managers, as an application of the host would.
     python ours_client.py enqueue --url URL [--redis URL] --singles N --items M --batch B
                                   [--api bulk|many]
     python ours_client.py wake --url URL [--redis URL] --count N --cadence S
+    python ours_client.py audit --url URL --batches N --size S
 
 `enqueue` creates a tenant, enqueues N items one call each (the generated
 `enqueue_notify_shipment`), then M items in batches of B, and prints one JSON line:
@@ -17,6 +18,12 @@ batched items drained.
 `wake` enqueues N probe items (payload `note` = `wake`) one at a time, one every S seconds,
 and prints one JSON line `{"starts": {record_id: time.time() at the enqueue call}}`.
 
+`audit` times `Managers.audit.append_many` (the host's batched audit appends, which the
+worker's group commit calls once per batch of concurrent handlers) on batches of S entries
+shaped as the default handler's, N times after one unmeasured batch, on a funnel built as
+the worker builds it (no pre-ping), and prints one JSON line: `wall_ms` and `cpu_ms` (this
+process's CPU) per batch, medians.
+
 With `--redis` the process publishes `WORK_AVAILABLE` through Redis (`Infra.build`), so a
 worker in another process wakes on it; without, through the in-memory twin (no wake-up
 crosses the process boundary). An SQLite URL gets its tables created first, as the worker
@@ -28,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import time
 from pathlib import Path
 from uuid import uuid4
@@ -53,14 +61,16 @@ APP = AppContext(type=AppType.SERVICE, version="bench@0")
 KIND = WorkKind.NOTIFY_SHIPMENT
 
 
-async def _open(url: str, redis: str | None) -> tuple[StorageFunnel, Infra, Managers, OpContext]:
+async def _open(
+    url: str, redis: str | None, *, pre_ping: bool = True
+) -> tuple[StorageFunnel, Infra, Managers, OpContext]:
     """A funnel, infrastructure, managers, and a service context of a fresh tenant."""
     if url.startswith("sqlite"):
         database = make_url(url).database
         if database:
             Path(database).parent.mkdir(parents=True, exist_ok=True)
         create_all(url)
-    funnel = StorageFunnel.from_url(url, pool_size=4)
+    funnel = StorageFunnel.from_url(url, pool_size=4, pre_ping=pre_ping)
     infra = Infra.build(InfraSettings(database_url=url, redis_url=redis))
     managers = build_managers(SqlStorageRoot(funnel), infra)
     rctx = RequestContext.new(APP)
@@ -123,14 +133,46 @@ async def wake(url: str, redis: str | None, count: int, cadence: float) -> dict:
     return {"starts": starts}
 
 
+async def audit(url: str, batches: int, size: int) -> dict:
+    """Median wall and CPU milliseconds of one `append_many` of `size` entries."""
+    funnel, infra, managers, ctx = await _open(url, None, pre_ping=False)
+    walls: list[float] = []
+    cpus: list[float] = []
+    try:
+        for n in range(batches + 1):
+            calls = []
+            for _ in range(size):
+                item_id = uuid4()
+                fields = {
+                    "action": "notify_shipment.handled",
+                    "subject_type": "work_item",
+                    "subject_id": item_id,
+                    "detail": _payload().model_dump(mode="json"),
+                    "idempotency_key": f"{item_id}:handled",
+                }
+                calls.append((ctx, fields))
+            wall, cpu = time.perf_counter(), time.process_time()
+            await managers.audit.append_many(calls)  # type: ignore[attr-defined]
+            if n:  # the first batch opens the connection and prepares the statement
+                walls.append((time.perf_counter() - wall) * 1000)
+                cpus.append((time.process_time() - cpu) * 1000)
+    finally:
+        await funnel.dispose()
+        await infra.aclose()
+    return {"wall_ms": statistics.median(walls), "cpu_ms": statistics.median(cpus)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("enqueue", "wake"):
+    for name in ("enqueue", "wake", "audit"):
         p = sub.add_parser(name)
         p.add_argument("--url", required=True)
         p.add_argument("--redis", default=None)
-        if name == "enqueue":
+        if name == "audit":
+            p.add_argument("--batches", type=int, default=200)
+            p.add_argument("--size", type=int, default=10)
+        elif name == "enqueue":
             p.add_argument("--singles", type=int, default=1000)
             p.add_argument("--items", type=int, default=20000)
             p.add_argument("--batch", type=int, default=1000)
@@ -143,6 +185,8 @@ def main() -> None:
         result = asyncio.run(
             enqueue(args.url, args.redis, args.singles, args.items, args.batch, args.api)
         )
+    elif args.command == "audit":
+        result = asyncio.run(audit(args.url, args.batches, args.size))
     else:
         result = asyncio.run(wake(args.url, args.redis, args.count, args.cadence))
     print(json.dumps(result))
