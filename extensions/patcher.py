@@ -1073,6 +1073,14 @@ def host_spec(host: Path, spec: Spec) -> Spec:
     return dataclasses.replace(spec, storage_has_claim_many=has_many, line_length=line_length(host))
 
 
+def existing(host: Path, spec: Spec) -> frozenset[str]:
+    """The files the fragments edit that exist before they are applied, so that the report
+    says `created` for the others."""
+    spec = host_spec(host, spec)
+    paths = (fragment.path(spec) for fragment in fragments(spec))
+    return frozenset(path for path in paths if (host / path).exists())
+
+
 def apply(host: Path, spec: Spec, *, skip: frozenset[str] = frozenset()) -> list[str]:
     """Apply every fragment, except to the files in `skip` (conflicted by the merge);
     returns the files changed. Raises `Missing` on the first gap."""
@@ -1419,6 +1427,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             merged, conflicted = merge_regions(host, host_spec(host, spec), previous)
     try:
+        existed = existing(host, spec)
         changed = apply(host, spec, skip=frozenset(conflicted))
     except Exception as exc:  # every failure of a copy is undone, whatever raised it
         if args.operation == "update" and isinstance(exc, Missing):
@@ -1434,7 +1443,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     for path in sorted(set(changed) | set(merged)):
-        print(f"    patched  {path}")
+        print(f"    {'patched ' if path in existed else 'created '} {path}")
     for path in conflicted:
         print(f"    conflict {path}: resolve the markers, then `git add` it", file=sys.stderr)
     if args.operation == "update":

@@ -308,7 +308,7 @@ def test_cli_skips_update_replays(host: Path, tmp_path: Path) -> None:
     assert snapshot(replay) == before
 
 
-def test_cli_applies_in_the_real_host(host: Path) -> None:
+def test_cli_applies_in_the_real_host(host: Path, capsys: pytest.CaptureFixture[str]) -> None:
     answers = host / "workers/shipment-notifier/.copier-answers.yml"
     answers.parent.mkdir(parents=True)
     answers.write_text(
@@ -322,8 +322,14 @@ def test_cli_applies_in_the_real_host(host: Path) -> None:
         "--host",
         str(host),
     ]
+    new = {"om/src/acme/om/work/types/kinds.py", "scripts/workers.py"}
+    assert not any((host / p).exists() for p in new)
     assert patcher.main(args) == 0
     assert (host / "om/src/acme/om/work/types/kinds.py").read_text() == KINDS_SHAPE
+    # The report says which files the copy created and which it edited.
+    report = dict(reversed(line.split()) for line in capsys.readouterr().out.splitlines())
+    assert {path for path, verb in report.items() if verb == "created"} == new
+    assert report["pyproject.toml"] == "patched"
     git(host, "add", "-A")
     once = snapshot(host)
     assert patcher.main([*args[:1], "update", *args[2:]]) == 0
