@@ -17,11 +17,14 @@ database with its schema applied by its own tool, then runs the same workload on
    at a time every 20 ms; latency = enqueue call start to handler start, both
    `time.time()`, the handler writing its start to the file named by `BENCH_WAKE_LOG`;
 6. a pgbench floor: a one-row prepared `UPDATE ... RETURNING`, 4 clients;
-7. what the server and the host allow beneath two targets (`wake_floor`, `audit_batch`):
-   the wake-up's floor, a durable one-row insert and then its durable claim from a second
-   connection with nothing between them (`BENCH_WAKE_COUNT` pairs on the wake-up cadence);
-   and one batch of the host's audit appends as the default handler's row pays it (ten
-   entries, `Managers.audit.append_many` through `bench/ours_client.py audit`).
+7. what the server and the host allow beneath two targets (`wake_floor`, `notify_floor`,
+   `audit_batch`): the wake-up's floor, a durable one-row insert and then its durable claim
+   from a second connection with nothing between them (`BENCH_WAKE_COUNT` pairs on the
+   wake-up cadence); the same wake-up across two processes as a NOTIFY-woken queue with no
+   framework pays it (`bench/notify_floor.py`: an insert whose trigger notifies, a listener
+   process that claims on each notification); and one batch of the host's audit appends as
+   the default handler's row pays it (ten entries, `Managers.audit.append_many` through
+   `bench/ours_client.py audit`).
 
 Prints one table of medians, the ratio of ours to each peer row, and the targets of
 `bench/targets.json` (ratios ours / peer, same run); writes everything to
@@ -68,6 +71,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 import demo  # the demo's host preparation, reused as is
+import notify_floor  # beside this file
 
 BENCH = REPO / "bench"
 WORK = REPO / ".bench"
@@ -740,6 +744,21 @@ class Bench:
             "p95_ms": round(_percentile(latencies, 95), 2),
         }
 
+    def notify_floor(self) -> dict[str, float] | None:
+        """The wake-up's floor across processes, NOTIFY-woken, in ms (p50, p95):
+        `notify_floor.measure` on `BENCH_WAKE_COUNT` rows at the wake-up cadence."""
+        try:
+            latencies = notify_floor.measure(_admin_url("bench_pgbench"), WAKE_COUNT, WAKE_CADENCE)
+        except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as exc:
+            print(f"bench: the NOTIFY wake-up floor was not measured: {exc}")
+            return None
+        if not latencies:
+            return None
+        return {
+            "p50_ms": round(_percentile(latencies, 50), 2),
+            "p95_ms": round(_percentile(latencies, 95), 2),
+        }
+
     def audit_batch(self) -> dict[str, float] | None:
         """One `Managers.audit.append_many` of ten entries in the host (ms of wall and of
         CPU, medians of 200): what the default handler's row pays per batch of ten items
@@ -942,12 +961,13 @@ def print_beneath(
     med: dict[str, dict[str, Any]],
     verdicts: list[dict[str, Any]],
     wake_floor: dict[str, float] | None,
+    notify: dict[str, float] | None,
     audit_batch: dict[str, float] | None,
 ) -> dict[str, Any]:
     """What the server and the host allow beneath the wake-up p50 and default-handler
     targets, measured in this run beside them (docs/performance.md, "Beneath two targets")."""
     found: dict[str, Any] = {}
-    if wake_floor is None and audit_batch is None:
+    if wake_floor is None and notify is None and audit_batch is None:
         return found
     print("\nbeneath two targets (same run)")
     if wake_floor is not None:
@@ -967,6 +987,30 @@ def print_beneath(
                 f"    the p50 target allows ours {allowed:.2f} ms ({target['ratio']} x "
                 f"{peer}'s {med[peer]['wake_p50_ms']:.2f}): "
                 f"{allowed / wake_floor['p50_ms']:.2f} x that floor"
+            )
+    if notify is not None:
+        found["notify_floor"] = notify
+        print(
+            f"  the same across two processes, NOTIFY-woken, no framework (bench/notify_floor.py):"
+            f" p50 {notify['p50_ms']:.2f} ms, p95 {notify['p95_ms']:.2f} ms"
+        )
+        walls = {
+            key: med[key]["wake_p50_ms"]
+            for key in ("ours_c10", "procrastinate_c10", "pgqueuer_c10")
+            if key in med and med[key]["wake_p50_ms"]
+        }
+        if walls:
+            found["wake_p50_over_notify_floor"] = {
+                key: round(wall / notify["p50_ms"], 3) for key, wall in walls.items()
+            }
+            shown = ", ".join(f"{key} {wall / notify['p50_ms']:.2f}" for key, wall in walls.items())
+            print(f"    each row's wake-up p50 as a multiple of it: {shown}")
+        if "wake_p50_allowed_ms" in found:
+            allowed = found["wake_p50_allowed_ms"]
+            found["wake_p50_allowed_over_notify_floor"] = round(allowed / notify["p50_ms"], 3)
+            print(
+                f"    the p50 target allows ours {allowed:.2f} ms: "
+                f"{allowed / notify['p50_ms']:.2f} x this floor"
             )
     if audit_batch is not None:
         found["audit_batch"] = audit_batch
@@ -1052,6 +1096,7 @@ def main() -> int:
     runs: dict[str, list[Measurement]] = {r.key: [] for r in rows}
     pgbench: list[float] = []
     wake_floors: list[dict[str, float]] = []
+    notify_floors: list[dict[str, float]] = []
     audit_batches: list[dict[str, float]] = []
     keys = {r.key for r in rows}
     for n in range(RUNS):
@@ -1070,6 +1115,8 @@ def main() -> int:
             pgbench.append(tps)
         if "ours_c10" in keys and (found := bench.wake_floor()) is not None:
             wake_floors.append(found)
+        if "ours_c10" in keys and (found := bench.notify_floor()) is not None:
+            notify_floors.append(found)
         if "ours_default_c10" in keys and (found := bench.audit_batch()) is not None:
             audit_batches.append(found)
     bench.set_handler(Row("restore", "", "ours", 1, handler="default"))
@@ -1085,7 +1132,13 @@ def main() -> int:
     print(f"\npgbench floor (one-row prepared UPDATE ... RETURNING, 4 clients): {_fmt(floor)} tps")
     ratios = print_ratios(rows, med)
     verdicts = check_targets(targets, rows, med)
-    beneath = print_beneath(med, verdicts, _median_of(wake_floors), _median_of(audit_batches))
+    beneath = print_beneath(
+        med,
+        verdicts,
+        _median_of(wake_floors),
+        _median_of(notify_floors),
+        _median_of(audit_batches),
+    )
     wrong = [r.key for r in rows if not med[r.key]["end_state_ok"]]
     if wrong:
         print(f"\nbench: wrong end state (an item not done, or done twice) on: {', '.join(wrong)}")
@@ -1114,6 +1167,7 @@ def main() -> int:
         "ratios": ratios,
         "pgbench_tps": {"runs": pgbench, "median": floor},
         "wake_floor": {"runs": wake_floors, "median": beneath.get("wake_floor")},
+        "notify_floor": {"runs": notify_floors, "median": beneath.get("notify_floor")},
         "audit_batch": {"runs": audit_batches, "median": beneath.get("audit_batch")},
         "beneath": beneath,
         "targets": verdicts,
