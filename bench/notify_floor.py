@@ -4,9 +4,10 @@
 
 `measure(dsn, count, cadence)` starts this file as a second process (`listen`), which
 LISTENs on `notify_floor` and, on each notification, claims with one prepared `UPDATE ...
-FOR UPDATE SKIP LOCKED ... RETURNING` on a second connection; meanwhile the calling process
-inserts one row every `cadence` seconds into a table whose statement-level `AFTER INSERT`
-trigger calls `pg_notify`. The latency of a row is from just before its `INSERT` was sent
+FOR UPDATE SKIP LOCKED ... RETURNING` on a second connection (again until none is due);
+meanwhile the calling process inserts one row every `cadence` seconds into a table whose
+statement-level `AFTER INSERT` trigger calls `pg_notify` (`table_sql`, shared with the
+bench's one-process floor). The latency of a row is from just before its `INSERT` was sent
 (`time.time()`) to the return of the claim that took it (`time.time()` in the listener):
 the same span and clock as the bench's wake-up rows (enqueue call to handler start), with
 everything a wake-up across processes needs and nothing more: both statements durable
@@ -26,33 +27,55 @@ import uuid
 
 import asyncpg
 
-_TABLE = (
-    "DROP TABLE IF EXISTS notify_floor",
-    "DROP FUNCTION IF EXISTS notify_floor_notify()",
-    (
-        "CREATE TABLE notify_floor (id uuid PRIMARY KEY, status text NOT NULL, available_at"
-        " timestamptz NOT NULL DEFAULT now(), claim_token uuid, payload jsonb NOT NULL)"
-    ),
-    (
-        "CREATE INDEX notify_floor_claimable ON notify_floor (available_at, id)"
-        " WHERE status = 'AVAILABLE'"
-    ),
-    (
-        "CREATE FUNCTION notify_floor_notify() RETURNS trigger LANGUAGE plpgsql AS"
-        " $$ BEGIN PERFORM pg_notify('notify_floor', ''); RETURN NULL; END $$"
-    ),
-    (
-        "CREATE TRIGGER notify_floor_notify AFTER INSERT ON notify_floor"
-        " FOR EACH STATEMENT EXECUTE FUNCTION notify_floor_notify()"
-    ),
-)
-_INSERT = "INSERT INTO notify_floor (id, status, payload) VALUES ($1, 'AVAILABLE', $2::text::jsonb)"
-_CLAIM = (
-    "UPDATE notify_floor SET status = 'CLAIMED', claim_token = gen_random_uuid()"
-    " WHERE id IN (SELECT id FROM notify_floor WHERE status = 'AVAILABLE'"
-    " AND available_at <= now() ORDER BY available_at, id LIMIT 10 FOR UPDATE SKIP LOCKED)"
-    " RETURNING id"
-)
+
+def table_sql(table: str, *, notify: bool) -> tuple[str, ...]:
+    """The statements that make the floor's `table` afresh: a queue's row reduced to what a
+    claim reads, and with `notify` a statement-level `AFTER INSERT` trigger calling
+    `pg_notify` on the channel named after the table. The first two drop what an earlier
+    run left."""
+    made = (
+        f"DROP TABLE IF EXISTS {table}",
+        f"DROP FUNCTION IF EXISTS {table}_notify()",
+        (
+            f"CREATE TABLE {table} (id uuid PRIMARY KEY, status text NOT NULL, available_at"
+            " timestamptz NOT NULL DEFAULT now(), claim_token uuid, payload jsonb NOT NULL)"
+        ),
+        (
+            f"CREATE INDEX {table}_claimable ON {table} (available_at, id)"
+            " WHERE status = 'AVAILABLE'"
+        ),
+    )
+    if not notify:
+        return made
+    return (
+        *made,
+        (
+            f"CREATE FUNCTION {table}_notify() RETURNS trigger LANGUAGE plpgsql AS"
+            f" $$ BEGIN PERFORM pg_notify('{table}', ''); RETURN NULL; END $$"
+        ),
+        (
+            f"CREATE TRIGGER {table}_notify AFTER INSERT ON {table}"
+            f" FOR EACH STATEMENT EXECUTE FUNCTION {table}_notify()"
+        ),
+    )
+
+
+def insert_sql(table: str) -> str:
+    """One row, `AVAILABLE` now: parameters id, payload JSON text."""
+    return f"INSERT INTO {table} (id, status, payload) VALUES ($1, 'AVAILABLE', $2::text::jsonb)"
+
+
+def claim_sql(table: str) -> str:
+    """Claim the oldest due row, `FOR UPDATE SKIP LOCKED`: its id (none when none is due)."""
+    return (
+        f"UPDATE {table} SET status = 'CLAIMED', claim_token = gen_random_uuid()"
+        f" WHERE id = (SELECT id FROM {table} WHERE status = 'AVAILABLE'"
+        " AND available_at <= now() ORDER BY available_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)"
+        " RETURNING id"
+    )
+
+
+_TABLE = "notify_floor"
 
 
 async def _listen(dsn: str, count: int, within_s: float) -> dict[str, float]:
@@ -61,9 +84,9 @@ async def _listen(dsn: str, count: int, within_s: float) -> dict[str, float]:
     listener = await asyncpg.connect(dsn)
     claimer = await asyncpg.connect(dsn)
     try:
-        claim = await claimer.prepare(_CLAIM)
+        claim = await claimer.prepare(claim_sql(_TABLE))
         woken = asyncio.Event()
-        await listener.add_listener("notify_floor", lambda *_: woken.set())
+        await listener.add_listener(_TABLE, lambda *_: woken.set())
         print("ready", flush=True)
         claimed: dict[str, float] = {}
         deadline = time.monotonic() + within_s
@@ -74,8 +97,9 @@ async def _listen(dsn: str, count: int, within_s: float) -> dict[str, float]:
             except TimeoutError:
                 break
             woken.clear()
-            for row in await claim.fetch():
-                claimed[str(row["id"])] = time.time()
+            # Until none is due: two notifications heard as one leave no row behind.
+            while rows := await claim.fetch():
+                claimed[str(rows[0]["id"])] = time.time()
         return claimed
     finally:
         await listener.close()
@@ -86,7 +110,7 @@ async def _insert(dsn: str, count: int, cadence_s: float) -> dict[str, float]:
     """Insert `count` rows one every `cadence_s`; `{row id: time.time() before its send}`."""
     conn = await asyncpg.connect(dsn)
     try:
-        insert = await conn.prepare(_INSERT)
+        insert = await conn.prepare(insert_sql(_TABLE))
         sent: dict[str, float] = {}
         origin = time.monotonic()
         for n in range(count):
@@ -110,9 +134,11 @@ async def _table(dsn: str, statements: tuple[str, ...]) -> None:
 
 def measure(dsn: str, count: int, cadence_s: float) -> list[float]:
     """Milliseconds, ascending, of each row's wake-up across processes (module docstring);
-    rows never claimed are left out. Creates and drops its table in `dsn`'s database.
+    rows never claimed are left out. Creates and drops its table (`table_sql`) in `dsn`'s
+    database.
     Raises `RuntimeError` when the listener does not start."""
-    asyncio.run(_table(dsn, _TABLE))
+    made = table_sql(_TABLE, notify=True)
+    asyncio.run(_table(dsn, made))
     within_s = count * cadence_s + 10.0
     listener = subprocess.Popen(
         [sys.executable, __file__, "listen", "--dsn", dsn, "--count", str(count),
@@ -129,7 +155,7 @@ def measure(dsn: str, count: int, cadence_s: float) -> list[float]:
         if listener.poll() is None:
             listener.kill()
             listener.wait()
-        asyncio.run(_table(dsn, _TABLE[:2]))
+        asyncio.run(_table(dsn, made[:2]))
     claimed: dict[str, float] = json.loads(out)
     return sorted((claimed[k] - at) * 1000 for k, at in sent.items() if k in claimed)
 

@@ -772,23 +772,8 @@ class Bench:
         return {"wall_ms": round(found["wall_ms"], 2), "cpu_ms": round(found["cpu_ms"], 2)}
 
 
-# A queue's row, reduced to what a claim reads: the wake-up floor's table.
-_FLOOR_TABLE = (
-    "DROP TABLE IF EXISTS wake_floor",
-    (
-        "CREATE TABLE wake_floor (id uuid PRIMARY KEY, status text NOT NULL, available_at"
-        " timestamptz NOT NULL DEFAULT now(), claim_token uuid, payload jsonb NOT NULL)"
-    ),
-    "CREATE INDEX wake_floor_claimable ON wake_floor (available_at, id) WHERE status = 'AVAILABLE'",
-)
-_FLOOR_INSERT = (
-    "INSERT INTO wake_floor (id, status, payload) VALUES ($1, 'AVAILABLE', $2::text::jsonb)"
-)
-_FLOOR_CLAIM = (
-    "UPDATE wake_floor SET status = 'CLAIMED', claim_token = $1 WHERE id = ("
-    "SELECT id FROM wake_floor WHERE status = 'AVAILABLE' AND available_at <= now()"
-    " ORDER BY available_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id"
-)
+# The wake-up floor's table: `notify_floor`'s, without its trigger (no notification).
+_FLOOR_TABLE = "wake_floor"
 
 
 async def _wake_floor(count: int, cadence: float) -> list[float]:
@@ -797,23 +782,27 @@ async def _wake_floor(count: int, cadence: float) -> list[float]:
     every `cadence` s. Both run alone (autocommit), so each is committed, and flushed to
     the WAL, before it returns: the two durable commits a wake-up that keeps both the
     enqueue and the claim durable pays, with no transport, no wake-up message and no
-    Python but the driver's between them. Prepared statements, in `bench_pgbench`."""
+    Python but the driver's between them. Prepared statements, in `bench_pgbench`: the
+    table, insert and claim of `notify_floor`, so the two floors differ only by the
+    notification and the second process."""
     first = await asyncpg.connect(_admin_url("bench_pgbench"))
     second = await asyncpg.connect(_admin_url("bench_pgbench"))
     try:
-        for statement in _FLOOR_TABLE:
+        made = notify_floor.table_sql(_FLOOR_TABLE, notify=False)
+        for statement in made:
             await first.execute(statement)
-        insert = await first.prepare(_FLOOR_INSERT)
-        claim = await second.prepare(_FLOOR_CLAIM)
+        insert = await first.prepare(notify_floor.insert_sql(_FLOOR_TABLE))
+        claim = await second.prepare(notify_floor.claim_sql(_FLOOR_TABLE))
         latencies: list[float] = []
         for _ in range(count):
             started = time.perf_counter()
             await insert.fetch(uuid.uuid4(), json.dumps({"record_id": str(uuid.uuid4())}))
-            claimed = await claim.fetch(uuid.uuid4())
+            claimed = await claim.fetch()
             if claimed:
                 latencies.append((time.perf_counter() - started) * 1000)
             await asyncio.sleep(cadence)
-        await first.execute("DROP TABLE wake_floor")
+        for statement in made[:2]:
+            await first.execute(statement)
         return sorted(latencies)
     finally:
         await first.close()
