@@ -1,10 +1,11 @@
 """`make chaos` and `make soak`: the rendered worker under the faults production meets.
 
-Set-up (every run, in `.chaos/`):
-1. a PostgreSQL cluster of its own (`initdb`, `pg_ctl`, a free loopback port) and a
-   `redis-server` of its own (a free port), so restarting them never touches the shared
-   services; the workers reach Redis through a loopback proxy in this process, which can
-   leave connections open but silent (a half-open connection);
+Set-up (every run, in `.chaos/`, but for the cluster's files):
+1. a PostgreSQL cluster of its own (`initdb`, `pg_ctl`, a free loopback port; its files in
+   a fresh folder under `TMPDIR` or /tmp, owned by the server's OS user: `cluster_root`)
+   and a `redis-server` of its own (a free port), so restarting them never touches the
+   shared services; the workers reach Redis through a loopback proxy in this process,
+   which can leave connections open but silent (a half-open connection);
 2. the reference host copied, `shipment-notifier` rendered into it (`copier copy`, as
    `make demo` does), its handler replaced by `scripts/chaos_handler.py` (a ledger row per
    execution, a compare-and-set on the item's record), `uv sync` offline, the roles and the
@@ -68,6 +69,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pwd
 import random
 import re
 import shutil
@@ -76,6 +78,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -90,6 +93,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 import demo  # the demo's host preparation, reused as is
 
 WORK = REPO / ".chaos"
+LEGACY_CLUSTER = WORK / "pg"  # where the cluster lived before it moved out of the clone
+CLUSTER_PREFIX = "worker-template-chaos-pg-"
+LEFTOVER_AGE_S = 3600.0  # a cluster folder untouched this long, its server gone: a dead run's
 WORKER = demo.Worker("shipment-notifier", "NOTIFY_SHIPMENT", 0, WORK / "unused.log")
 PREFIX = "SHIPMENT_NOTIFIER_"
 HANDLER = Path("workers/shipment-notifier/src/acme/workers/shipment_notifier/handler.py")
@@ -131,10 +137,92 @@ def free_port() -> int:
 # -- the services the run owns -------------------------------------------------------------
 
 
+def server_os_user() -> str | None:
+    """The OS user the PostgreSQL server runs as: PostgreSQL refuses to run as root, so run
+    as root the harness runs it as `CHAOS_PG_OS_USER` (`postgres`); None otherwise (the
+    harness's own user)."""
+    return os.environ.get("CHAOS_PG_OS_USER", "postgres") if os.geteuid() == 0 else None
+
+
+def cluster_root() -> Path:
+    """A fresh folder for the run's PostgreSQL cluster: `tempfile.mkdtemp` under `TMPDIR`
+    (or /tmp), owned by the server's OS user, never inside the clone, which may sit where
+    that user cannot enter (run as root from a home folder of mode 700, `initdb` fails).
+
+    Raises `SystemExit` with one line naming the fix (`TMPDIR`, `CHAOS_PG_OS_USER`) when
+    the server could not use the folder, before anything else is made; the folder is gone.
+    """
+    parent = tempfile.gettempdir()
+    try:
+        root = Path(tempfile.mkdtemp(prefix=CLUSTER_PREFIX))
+    except OSError as exc:
+        raise SystemExit(
+            f"chaos: cannot make the PostgreSQL cluster's folder in {parent} "
+            f"({exc.strerror or exc}): set TMPDIR to a writable folder"
+        ) from None
+    user = server_os_user()
+    if user is None:
+        return root
+    try:
+        owner = pwd.getpwnam(user)
+    except KeyError:
+        shutil.rmtree(root)
+        raise SystemExit(
+            f"chaos: run as root, the PostgreSQL server runs as the OS user {user}, which does "
+            "not exist: create it, or set CHAOS_PG_OS_USER to a user that is not root"
+        ) from None
+    os.chown(root, owner.pw_uid, owner.pw_gid)
+    enters = subprocess.run(
+        ["runuser", "-u", user, "--", "test", "-w", str(root), "-a", "-x", str(root)],
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    if enters.returncode != 0:
+        shutil.rmtree(root)
+        raise SystemExit(
+            f"chaos: the OS user {user}, who runs the PostgreSQL server, cannot enter {parent} "
+            "(a folder on its path is closed to it): set TMPDIR to a folder it can enter, "
+            "such as TMPDIR=/tmp"
+        )
+    return root
+
+
+def remove_leftovers() -> None:
+    """Remove the clusters of runs that ended without their teardown: the one inside the
+    clone (`.chaos/pg`, where earlier releases kept it; its server stopped first), and
+    folders under `TMPDIR` whose server is gone and that nobody touched for
+    `LEFTOVER_AGE_S` (a run being set up has no server yet, but has just made its folder)."""
+    if LEGACY_CLUSTER.exists():
+        Postgres(LEGACY_CLUSTER, 0).stop("immediate")
+        shutil.rmtree(LEGACY_CLUSTER, ignore_errors=True)
+    for folder in Path(tempfile.gettempdir()).glob(f"{CLUSTER_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            if time.time() - folder.stat().st_mtime < LEFTOVER_AGE_S or _serving(folder):
+                continue
+            shutil.rmtree(folder)
+
+
+def _serving(root: Path) -> bool:
+    """Whether the cluster under `root` has a server running (its postmaster.pid names a
+    live process)."""
+    try:
+        pid = int((root / "data" / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, and another user's
+        pass
+    return True
+
+
 class Postgres:
     """A throwaway cluster under `root`: `initdb` once per run, started and stopped with
-    `pg_ctl`. Superuser `postgres`, trust auth on loopback only. PostgreSQL refuses to run as
-    root: run as root, the harness runs the server as `CHAOS_PG_OS_USER` (`postgres`)."""
+    `pg_ctl`. Superuser `postgres`, trust auth on loopback only. Run as root, the server
+    runs as `server_os_user()`."""
 
     def __init__(self, root: Path, port: int) -> None:
         self.root = root
@@ -142,8 +230,8 @@ class Postgres:
         self.port = port
         self.log = root / "postgres.log"
         self.as_user: list[str] = []
-        if os.geteuid() == 0:
-            self.as_user = ["runuser", "-u", os.environ.get("CHAOS_PG_OS_USER", "postgres"), "--"]
+        if (user := server_os_user()) is not None:
+            self.as_user = ["runuser", "-u", user, "--"]
 
     def _run(self, args: list[str], *, check: bool = True) -> None:
         subprocess.run(
@@ -154,10 +242,8 @@ class Postgres:
         )
 
     def init(self) -> None:
-        self.root.mkdir(parents=True)
+        self.root.mkdir(parents=True, exist_ok=True)
         if self.as_user:
-            import pwd
-
             owner = pwd.getpwnam(self.as_user[2])
             os.chown(self.root, owner.pw_uid, owner.pw_gid)
         self._run(["initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"])
@@ -560,7 +646,8 @@ class ChaosRun:
         self.args = args
         self.run_dir = run_dir
         self.rng = random.Random(args.seed)
-        self.pg = Postgres(WORK / "pg", free_port())
+        # First: a location the server cannot use refuses before anything is made.
+        self.pg = Postgres(cluster_root(), free_port())
         self.redis = Redis(run_dir, free_port())
         self.proxy = SilencingProxy(free_port(), self.redis.port)
         self.faults: list[Fault] = []
@@ -571,9 +658,7 @@ class ChaosRun:
 
     # set-up
     def setup(self) -> tuple[Path, dict[str, str]]:
-        if self.pg.root.exists():
-            self.pg.stop("immediate")
-            shutil.rmtree(self.pg.root)
+        remove_leftovers()
         say(
             f"PostgreSQL cluster on 127.0.0.1:{self.pg.port}, redis-server on {self.redis.port}, "
             f"its proxy on {self.proxy.listen_port}"
@@ -609,6 +694,9 @@ class ChaosRun:
                     slot.proc.wait()
         self.redis.stop()
         self.pg.stop("fast")
+        if self.pg.log.exists() and self.run_dir.exists():
+            shutil.copyfile(self.pg.log, self.run_dir / "postgres.log")
+        shutil.rmtree(self.pg.root, ignore_errors=True)
 
     async def client(
         self,
@@ -1622,12 +1710,11 @@ def main() -> int:
             raise SystemExit(
                 f"chaos: `{tool}` is not on PATH (PostgreSQL and Redis server binaries)"
             )
-    WORK.mkdir(exist_ok=True)
     run_dir = WORK / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{args.mode}"
-    run_dir.mkdir()
-    say(f"mode {args.mode}, seed {args.seed}, logs in {run_dir}")
     run = ChaosRun(args, run_dir)
     try:
+        run_dir.mkdir(parents=True)
+        say(f"mode {args.mode}, seed {args.seed}, logs in {run_dir}")
         host, env = run.setup()
         if args.mode == "soak":
             return asyncio.run(run_soak(run, host, env))
