@@ -1209,12 +1209,13 @@ def moved_lane(host: Path, answers_file: str, spec: Spec) -> list[str]:
     old = str(before.get("lane") or "default") if before else ""
     if not old or old == spec.lane:
         return []
-    command = f"uv run --all-packages {spec.worker_name} items"
-    return [
+    command = f"uv run --all-packages {spec.worker_name} items move --from-lane {old}"
+    note = (
         f"the lane moved from {old} to {spec.lane}: items enqueued before wait on {old}, "
-        f"unclaimed; once this release runs, move them: `{command} move --from-lane {old} "
-        f"--dry-run`, then without --dry-run (with --operator NAME on a database server)"
-    ]
+        f"unclaimed; once this release runs, move them: `{command} --dry-run`, then "
+        "without --dry-run (with --operator NAME on a database server)"
+    )
+    return [note]
 
 
 def previous_render(host: Path, answers_file: str) -> Previous | str:

@@ -400,12 +400,13 @@ def test_an_update_that_moves_the_lane_prints_the_command_that_moves_the_waiting
         host, answers, patcher.Spec.from_answers({**ANSWERS_OF_A, "lane": "bulk"})
     )
 
-    assert moved == [
+    command = "uv run --all-packages shipment-notifier items move --from-lane default"
+    note = (
         "the lane moved from default to bulk: items enqueued before wait on default, "
-        "unclaimed; once this release runs, move them: `uv run --all-packages "
-        "shipment-notifier items move --from-lane default --dry-run`, then without "
+        f"unclaimed; once this release runs, move them: `{command} --dry-run`, then without "
         "--dry-run (with --operator NAME on a database server)"
-    ]
+    )
+    assert moved == [note]
     kept = patcher.Spec.from_answers({**ANSWERS_OF_A, "lane": "default"})
     assert patcher.moved_lane(host, answers, kept) == []
     assert patcher.moved_lane(tmp_path, answers, kept) == []  # nothing committed there
