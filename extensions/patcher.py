@@ -1200,6 +1200,24 @@ def committed_answers(host: Path, answers_file: str) -> dict[str, Any] | None:
     return loaded if isinstance(loaded, dict) else {}
 
 
+def moved_lane(host: Path, answers_file: str, spec: Spec) -> list[str]:
+    """The command that moves the items an update stranded, when it moved the worker's lane
+    (`HEAD:<answers_file>` recorded another): items enqueued before wait on the old lane,
+    which no worker claims any more. A copier task cannot count rows in the user's
+    database; `serve` does, at start and every sweep pass. [] when the lane is unchanged."""
+    before = committed_answers(host, answers_file)
+    old = str(before.get("lane") or "default") if before else ""
+    if not old or old == spec.lane:
+        return []
+    command = f"uv run --all-packages {spec.worker_name} items move --from-lane {old}"
+    note = (
+        f"the lane moved from {old} to {spec.lane}: items enqueued before wait on {old}, "
+        f"unclaimed; once this release runs, move them: `{command} --dry-run`, then "
+        "without --dry-run (with --operator NAME on a database server)"
+    )
+    return [note]
+
+
 def previous_render(host: Path, answers_file: str) -> Previous | str:
     """The previous answers (the committed answers file: copier updates only a clean tree)
     and the patcher of the template version they record, or why they cannot be had.
@@ -1442,6 +1460,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    if args.operation == "update":
+        for note in moved_lane(host, args.answers_file, spec):
+            print(f"    note     {note}", file=sys.stderr)
     for path in sorted(set(changed) | set(merged)):
         print(f"    {'patched ' if path in existed else 'created '} {path}")
     for path in conflicted:

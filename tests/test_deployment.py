@@ -287,7 +287,7 @@ OWN_ALARMS = {
     "wake_ups_down",
     "dead_letters_unaudited",
 }
-OWNER_ALARMS = {"snapshot_age", "outbox_failing", "outbox_dead_letters"}
+OWNER_ALARMS = {"snapshot_age", "stranded", "outbox_failing", "outbox_dead_letters"}
 
 
 def _loop_constant(host: Path, name: str) -> Any:

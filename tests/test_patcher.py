@@ -382,3 +382,31 @@ def test_an_update_that_moves_the_lane_names_a_local_env_still_on_the_old_one(
     assert patcher.stale_env(host, answers, kept) == []
     (host / ".env").write_text("SHIPMENT_NOTIFIER_LANE=bulk\n")
     assert patcher.stale_env(host, answers, moved) == []
+
+
+def test_an_update_that_moves_the_lane_prints_the_command_that_moves_the_waiting_items(
+    tmp_path: Path,
+) -> None:
+    """Items enqueued before `-d lane=bulk` wait on `default`: the update says so and names
+    the command that moves them (a copier task cannot count them; `serve` does)."""
+    host = tmp_path / "host"
+    (host / "workers/shipment-notifier").mkdir(parents=True)
+    answers = "workers/shipment-notifier/.copier-answers.yml"
+    (host / answers).write_text("worker_name: shipment-notifier\nwork_kind: NOTIFY_SHIPMENT\n")
+    git(host, "init", "-q", "-b", "main")
+    commit_all(host, "a worker on the default lane (no lane recorded)")
+
+    moved = patcher.moved_lane(
+        host, answers, patcher.Spec.from_answers({**ANSWERS_OF_A, "lane": "bulk"})
+    )
+
+    command = "uv run --all-packages shipment-notifier items move --from-lane default"
+    note = (
+        "the lane moved from default to bulk: items enqueued before wait on default, "
+        f"unclaimed; once this release runs, move them: `{command} --dry-run`, then without "
+        "--dry-run (with --operator NAME on a database server)"
+    )
+    assert moved == [note]
+    kept = patcher.Spec.from_answers({**ANSWERS_OF_A, "lane": "default"})
+    assert patcher.moved_lane(host, answers, kept) == []
+    assert patcher.moved_lane(tmp_path, answers, kept) == []  # nothing committed there
