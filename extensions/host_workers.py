@@ -224,6 +224,32 @@ def version(tag: str) -> tuple[int, ...] | None:
     return tuple(int(p) for p in match.group(1).split(".")) if match else None
 
 
+# Template sources git and copier read as URLs or shorthands, never as local folders.
+REMOTE_SOURCE = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|git@|gh:|gl:|git\+)", re.IGNORECASE)
+
+
+def template_source(root: Path, path: Path, answers: dict[str, object]) -> str:
+    """The template a worker's answers record (`_src_path`), a relative local path made
+    absolute against the host root, where this helper runs copier; '' when none is recorded.
+
+    Copies made before the template recorded local paths absolute may hold `../template`;
+    copier resolves it against the folder it runs in, so one that names no folder from the
+    host root is refused here, naming the fix, instead of copier's misleading "Updating is
+    only supported in git-tracked templates".
+    """
+    src = str(answers.get("_src_path", ""))
+    if not src or REMOTE_SOURCE.match(src) or src.startswith("~") or Path(src).is_absolute():
+        return src
+    folder = (root / src).resolve()
+    if not folder.is_dir():
+        raise RefusedError(
+            f"{path.relative_to(root)} records the template as {src}, a relative path that "
+            f"names no folder from the host root {root}; write the template's absolute path "
+            "(or URL) on its `_src_path:` line, commit, and run again"
+        )
+    return str(folder)
+
+
 def remote_refs(src: str, root: Path) -> dict[str, str]:
     """`git ls-remote` of the template: ref name -> commit (peeled tags win)."""
     out = git(root, "ls-remote", src, check=False)
@@ -329,7 +355,7 @@ def update(root: Path, name: str, ref: str | None = None) -> int:
     require_clean(root)
     answers = read_answers(path)
     recorded = str(answers.get("_commit", ""))
-    src = str(answers.get("_src_path", ""))
+    src = template_source(root, path, answers)
     if not src or not recorded:
         raise RefusedError(f"{path.relative_to(root)} has no _src_path/_commit: not made by copier")
     refs = remote_refs(src, root)
@@ -445,7 +471,11 @@ def check_update(root: Path) -> int:
     for name in all_workers(root):
         answers = read_answers(root / "workers" / name / ANSWERS)
         recorded = str(answers.get("_commit", ""))
-        src = str(answers.get("_src_path", ""))
+        try:
+            src = template_source(root, root / "workers" / name / ANSWERS, answers)
+        except RefusedError as exc:
+            print(f"{name}: {recorded}, template unreachable: {exc}")
+            continue
         refs = remote_refs(src, root) if src else {}
         if not refs:
             print(f"{name}: {recorded}, template {src or '?'} unreachable")
