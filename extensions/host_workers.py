@@ -160,6 +160,35 @@ def kind_entries(root: Path) -> dict[str, str]:
     return {kind: name for _, _, name, kind in sorted(rows)}
 
 
+def kinds_region(root: Path) -> list[str]:
+    """The lines between the kind markers of `work/README.md`: every worker's kind line
+    (`kind_entries`), each ending in a newline."""
+    return [f"{kind_line(kind, name)}\n" for kind, name in kind_entries(root).items()]
+
+
+def rebuild_kinds(root: Path, path: Path) -> bool:
+    """Write the kinds region of `work/README.md` at `path` from every worker's answers;
+    whether the file changed (False when it has no single pair of kind markers)."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    starts = [n for n, line in enumerate(lines) if line.strip() == KINDS_START]
+    ends = [n for n, line in enumerate(lines) if line.strip() == KINDS_END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        return False
+    lines[starts[0] + 1 : ends[0]] = kinds_region(root)
+    if "".join(lines) == text:
+        return False
+    path.write_text("".join(lines), encoding="utf-8")
+    return True
+
+
+# Files copier renders for one worker that the other workers add their fragments to, and
+# how each is rebuilt with every worker's fragments (restore renders one worker only).
+SHARED_RENDERED: dict[str, Callable[[Path, Path], bool]] = {
+    "om/src/*/om/work/README.md": rebuild_kinds,
+}
+
+
 def settle_kinds(root: Path) -> list[str]:
     """Rebuild a kinds region of `work/README.md` that copier's merge left with conflict
     markers; the path when it did.
@@ -182,9 +211,7 @@ def settle_kinds(root: Path) -> list[str]:
         i, j = starts[0], ends[0]
         if not any(_CONFLICT_LINE.match(line) for line in lines[i + 1 : j]):
             continue
-        lines[i + 1 : j] = [
-            f"{kind_line(kind, name)}\n" for kind, name in kind_entries(root).items()
-        ]
+        lines[i + 1 : j] = kinds_region(root)
         path.write_text("".join(lines), encoding="utf-8")
         rel = str(path.relative_to(root))
         if not any(_CONFLICT_LINE.match(line) for line in lines):
@@ -983,13 +1010,23 @@ USER_OWNED = (
 )
 
 
+def namespace_owner(root: Path) -> str | None:
+    """The worker that owns the `work` namespace (`namespace_absent: true` in its answers)."""
+    for name in all_workers(root):
+        if read_answers(root / "workers" / name / ANSWERS).get("namespace_absent") is True:
+            return name
+    return None
+
+
 def restore(root: Path, name: str, file: str, force: bool = False) -> int:
     """Render the worker at its recorded template version and write back one file.
 
     Copier never recreates a file the user deleted (unless it is in `_skip_if_exists`); this
     brings back the exact rendering of the recorded `_commit`, so later updates merge it.
-    A path that exists is refused (`force` overwrites it, its edits lost), and a file the
-    user owns (`USER_OWNED`) is never overwritten: copier recreates those itself.
+    A path that exists is refused (`force` overwrites it, saying so), and a file the user
+    owns (`USER_OWNED`) is never overwritten: copier recreates those itself. A file other
+    workers add fragments to (`SHARED_RENDERED`) gets every worker's, and a file only the
+    namespace owner renders is refused from another worker, naming the owner.
     """
     path = answers_file(root, name)
     target = (root / file).resolve()  # a path from the host root, or an absolute one
@@ -1014,6 +1051,7 @@ def restore(root: Path, name: str, file: str, force: bool = False) -> int:
             "(scripts/workers.py restore)"
         )
     answers = read_answers(path)
+    src = template_source(root, path, answers)
     data = {k: v for k, v in answers.items() if not k.startswith("_")}
     with tempfile.TemporaryDirectory(prefix="worker-template.restore.") as tmp:
         data_file = Path(tmp) / "data.yml"
@@ -1031,7 +1069,7 @@ def restore(root: Path, name: str, file: str, force: bool = False) -> int:
             str(answers["_commit"]),
             "--data-file",
             str(data_file),
-            str(answers["_src_path"]),
+            src,
             str(out),
         ]
         done = subprocess.run(cmd, check=False, cwd=root, capture_output=True, text=True)
@@ -1040,10 +1078,24 @@ def restore(root: Path, name: str, file: str, force: bool = False) -> int:
                 f"could not render {name} at {answers['_commit']}: {done.stderr.strip()}"
             )
         source = out / file
+        owner = namespace_owner(root)
+        if not source.is_file() and owner is not None and owner != name:
+            raise RefusedError(
+                f"{name} does not render {file}; the `work` namespace's files are rendered by "
+                f"the worker that owns it: make restore-worker-file NAME={owner} FILE={file}"
+            )
         if not source.is_file():
             raise RefusedError(f"the template does not render {file} for {name}")
+        before = target.read_bytes() if target.is_file() else None
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target)
+    for pattern, rebuild in SHARED_RENDERED.items():
+        if Path(file).match(pattern) and rebuild(root, target):
+            print(f"    rebuilt  {file}: every worker's fragments put back")
+    if before is not None and before != target.read_bytes():
+        print(
+            f"    overwrote {file}: your version was replaced by the template's (git diff -- {file} shows what changed)"
+        )
     print(f"==> restored {file} as the template rendered it at {answers['_commit']}")
     return OK
 

@@ -431,6 +431,36 @@ def test_deleted_worker_file_stays_deleted_and_restores(host: Path, template_his
     assert "make restore-worker-file NAME=" in docs
 
 
+def test_restore_of_a_shared_file_puts_back_every_workers_fragments(host: Path) -> None:
+    """Issue 29, item 10: `work/README.md` is rendered by the namespace owner and holds every
+    worker's kind line; restored from the owner's rendering, it keeps B's line too."""
+    readme = host / WORK / "README.md"
+    kept = readme.read_text()
+    assert "`SEND_INVOICE`, handled by the `invoice-mailer` worker" in kept
+    readme.unlink()
+    commit_all(host, "README gone")
+
+    done = helper(host, "restore", B, f"{WORK}/README.md")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip() == (
+        f"workers.py: {B} does not render {WORK}/README.md; the `work` namespace's files are "
+        f"rendered by the worker that owns it: make restore-worker-file NAME={A} "
+        f"FILE={WORK}/README.md"
+    )
+    assert not readme.exists()
+
+    done = helper(host, "restore", A, f"{WORK}/README.md")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"rebuilt  {WORK}/README.md: every worker's fragments put back" in done.stdout
+    assert readme.read_text() == kept
+
+    readme.write_text(kept + "my notes\n")
+    done = helper(host, "restore", A, f"{WORK}/README.md", "--force")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"overwrote {WORK}/README.md: your version was replaced" in done.stdout
+    assert readme.read_text() == kept
+
+
 def test_a_moved_file_keeps_the_users_edit(host: Path) -> None:
     """The release moves README.md to docs/README.md; the `_migrations` step carries the edit."""
     readme = host / f"workers/{A}/README.md"
