@@ -10,6 +10,7 @@ Run from anywhere inside the host repository (the Makefile targets call it):
     python3 scripts/workers.py remove <name>               fragments reversed, files removed
     python3 scripts/workers.py rename <old> <new>          files, answers and fragments moved
     python3 scripts/workers.py restore <name> <path> [--force]  a deleted worker file rendered again
+    python3 scripts/workers.py check-env                   .env lines at a default since changed
 
 `update` runs `copier update` from the host root with the worker's answers file
 (`workers/<name>/.copier-answers.yml`; copier cannot find it otherwise) and the right
@@ -999,6 +1000,70 @@ def rename(root: Path, old: str, new: str) -> int:
     return CONFLICTS if found else OK
 
 
+# --- the developer's .env ----------------------------------------------------------------
+
+
+ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+def env_values(text: str) -> dict[str, str]:
+    """`KEY=value` lines of a dotenv file (`export ` allowed, comments skipped, the value as
+    written, quotes included); a key set twice keeps its last value, as the shell does."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        found = ENV_LINE.match(line)
+        if found:
+            values[found.group(1)] = found.group(2).strip()
+    return values
+
+
+def stale_defaults(
+    env: dict[str, str], example: dict[str, str], earlier: list[dict[str, str]]
+) -> list[str]:
+    """The keys `env` (the developer's `.env`) still holds at a value an earlier
+    `.env.example` gave (`earlier`, newest first) while the current `example` gives another:
+    one line each, `KEY=old ... KEY=new`. A value the examples never held is the developer's
+    own choice and is not reported."""
+    found: list[str] = []
+    for key, value in env.items():
+        now = example.get(key)
+        if now is None or value == now:
+            continue
+        if any(old.get(key) == value for old in earlier):
+            found.append(f".env still sets {key}={value}; .env.example now says {key}={now}")
+    return found
+
+
+def check_env(root: Path) -> int:
+    """Compare `.env` with `.env.example` and its git history: 1 (each stale line printed)
+    when `.env` keeps a default the example has since changed; `.env` is never written."""
+    env_path, example_path = root / ".env", root / ".env.example"
+    if not env_path.is_file() or not example_path.is_file():
+        print("check-worker-env: no .env or .env.example in the host root, nothing to compare")
+        return OK
+    commits = git(root, "log", "--format=%H", "-n", "200", "--", ".env.example", check=False)
+    earlier = [
+        env_values(git(root, "show", f"{commit}:.env.example", check=False))
+        for commit in commits.split()
+    ]
+    stale = stale_defaults(
+        env_values(env_path.read_text(encoding="utf-8")),
+        env_values(example_path.read_text(encoding="utf-8")),
+        earlier,
+    )
+    for line in stale:
+        print(line)
+    if stale:
+        print(
+            f"check-worker-env: {len(stale)} line(s) of .env hold a default .env.example has "
+            "since changed; edit .env (keep a line you set on purpose)",
+            file=sys.stderr,
+        )
+        return REFUSED
+    print("check-worker-env: .env holds no default .env.example has since changed")
+    return OK
+
+
 # --- restore --------------------------------------------------------------------------------
 
 
@@ -1125,6 +1190,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("rename", help="rename a worker")
     p.add_argument("old")
     p.add_argument("new")
+    sub.add_parser("check-env", help="lines of .env at a default .env.example has changed")
     p = sub.add_parser("restore", help="render a deleted worker file again")
     p.add_argument("name")
     p.add_argument("file", help="path from the host root, e.g. workers/x/README.md")
@@ -1142,6 +1208,8 @@ def main(argv: list[str] | None = None) -> int:
             return remove(root, args.name)
         if args.command == "rename":
             return rename(root, args.old, args.new)
+        if args.command == "check-env":
+            return check_env(root)
         return restore(root, args.name, args.file, args.force)
     except RefusedError as exc:
         print(f"workers.py: {exc}", file=sys.stderr)

@@ -6,8 +6,8 @@ Fragments (applied by extensions/patcher.py with the others, idempotent, templat
   runs `copier update` from the host root with a worker's answers file and the right
   `--vcs-ref`, reports conflicts, and removes, renames and restores workers.
 - `Makefile`: the targets `update-worker`, `update-workers`, `check-update`, `remove-worker`,
-  `rename-worker`, `restore-worker-file`, in one block between `# >>> worker-template` and
-  `# <<< worker-template`. The block is the template's: each patcher run writes the current
+  `rename-worker`, `restore-worker-file`, `check-worker-env`, in one block between
+  `# >>> worker-template` and `# <<< worker-template`. The block is the template's: each patcher run writes the current
   version of it, so `copier update` brings improvements.
 - `.github/workflows/ci.yml`: a `worker-template-updates` job that runs `make check-update`
   (added once; the host owns it from then on).
@@ -87,6 +87,7 @@ MAKE_TARGETS = (
     "remove-worker",
     "rename-worker",
     "restore-worker-file",
+    "check-worker-env",
 )
 CI_WORKFLOW = ".github/workflows/ci.yml"
 CI_JOB = "worker-template-updates"
@@ -117,6 +118,9 @@ rename-worker:  ## NAME=<worker> TO=<new-name>
 
 restore-worker-file:  ## NAME=<worker> FILE=<path> [FORCE=1]: a deleted worker file rendered again
 \t@$(WORKERS_PY) restore "$(NAME)" "$(FILE)" $(if $(filter 1 yes true,$(FORCE)),--force); $(WORKERS_EXIT)
+
+check-worker-env:  ## lines of your .env still at a default .env.example has since changed
+\t@$(WORKERS_PY) check-env; $(WORKERS_EXIT)
 {MAKE_END}
 """
 

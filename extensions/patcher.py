@@ -1381,20 +1381,41 @@ def is_replay(folder: Path) -> bool:
 def stale_env(host: Path, answers_file: str, spec: Spec) -> list[str]:
     """What the host's own `.env` (local, never in git) still says that an update changed:
     the worker's `<PREFIX>LANE` at the lane recorded before (`HEAD:<answers_file>`) when the
-    new answers moved it. `.env.example` follows the update; a `.env` copied from it does
-    not, and the worker would go on claiming the old lane. One line per finding; [] when
-    there is no `.env`, nothing recorded, or nothing stale."""
+    new answers moved it, and every other line still at the value the committed
+    `.env.example` (`HEAD`, before the update) gave where the updated one gives another.
+    A `.env` copied from the example does not follow it; nothing here writes `.env`. One
+    line per finding; [] when there is no `.env` or nothing stale."""
+    import subprocess
+
     env = host / ".env"
     if not env.is_file():
         return []
+    values = host_workers.env_values(env.read_text(encoding="utf-8"))
+    notes: list[str] = []
     before = committed_answers(host, answers_file)
     old = str(before.get("lane", "")) if before else ""
-    if not old or old == spec.lane:
-        return []
-    line = f"{spec.names['worker_env_prefix']}LANE={old}"
-    if all(text.strip() != line for text in env.read_text(encoding="utf-8").splitlines()):
-        return []
-    return [f".env still sets {line}; the worker's lane is now {spec.lane} (see .env.example)"]
+    key = f"{spec.names['worker_env_prefix']}LANE"
+    if old and old != spec.lane and values.get(key) == old:
+        notes.append(
+            f".env still sets {key}={old}; the worker's lane is now {spec.lane} (see .env.example)"
+        )
+    example = host / ".env.example"
+    shown = subprocess.run(
+        ["git", "show", "HEAD:.env.example"], cwd=host, capture_output=True, text=True, check=False
+    )
+    if shown.returncode != 0 or not example.is_file():
+        return notes
+    reported = {note.split("=", 1)[0] for note in notes}
+    notes += [
+        note
+        for note in host_workers.stale_defaults(
+            values,
+            host_workers.env_values(example.read_text(encoding="utf-8")),
+            [host_workers.env_values(shown.stdout)],
+        )
+        if note.split("=", 1)[0] not in reported
+    ]
+    return notes
 
 
 def main(argv: list[str] | None = None) -> int:
