@@ -228,6 +228,73 @@ def edit_ci(text: str) -> str:
     return str(deploy._dump(yaml, data))
 
 
+def make_block(text: str) -> str | None:
+    """The worker-template block of a Makefile's `text` (markers included), or None."""
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, l in enumerate(lines) if l.startswith(MAKE_START)]
+    ends = [i for i, l in enumerate(lines) if l.strip() == MAKE_END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        return None
+    return "".join(lines[starts[0] : ends[0] + 1])
+
+
+def shipped_at(commit: str) -> tuple[str, str] | None:
+    """The helper and the Makefile block the template wrote at `commit` (of the template
+    repository this file runs from), or None when that commit or its files are not there."""
+    repo = HELPER_SOURCE.parent.parent
+    helper = _git(repo, "show", f"{commit}:extensions/host_workers.py")
+    source = _git(repo, "show", f"{commit}:extensions/lifecycle.py")
+    if helper.returncode != 0 or source.returncode != 0:
+        return None
+    with tempfile.TemporaryDirectory(prefix="worker-template-shipped-") as tmp:
+        path = Path(tmp) / "lifecycle.py"
+        path.write_text(source.stdout, encoding="utf-8")
+        key = f"_worker_template_shipped_{hashlib.sha1(commit.encode()).hexdigest()[:12]}"
+        spec = importlib.util.spec_from_file_location(key, path)
+        if spec is None or spec.loader is None:
+            return None
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except (ImportError, SyntaxError, NameError, AttributeError):  # an old release: unknown
+            return None
+    block = getattr(module, "MAKE_BLOCK", None)
+    return (helper.stdout, block) if isinstance(block, str) else None
+
+
+def overwritten_edits(host: Path, commits: list[str]) -> list[str]:
+    """The template-owned host files (`scripts/workers.py`, the Makefile block) whose text
+    is none the template wrote, at `commits` (the workers' recorded versions) or now: the
+    user edited them, and applying the fragments replaces the edit. One line each,
+    `<path>: <what to do>`, for the patcher to print as `overwrote <path>: ...`."""
+    helper_path, makefile = host / HELPER_PATH, host / MAKEFILE
+    helper = helper_path.read_text(encoding="utf-8") if helper_path.is_file() else None
+    block = make_block(makefile.read_text(encoding="utf-8")) if makefile.is_file() else None
+    helper_edited = helper is not None and helper != helper_text()
+    block_edited = block is not None and block != MAKE_BLOCK
+    for commit in dict.fromkeys(commits):
+        if not (helper_edited or block_edited):
+            break
+        shipped = shipped_at(commit)
+        if shipped is not None:
+            helper_edited = helper_edited and helper != shipped[0]
+            block_edited = block_edited and block != shipped[1]
+    found: list[str] = []
+    if helper_edited:
+        found.append(
+            f"{HELPER_PATH}: your edits were replaced by the template's helper, which every "
+            f"copy and update rewrites (git diff {HELPER_PATH} shows them); keep your own "
+            "code in another file"
+        )
+    if block_edited:
+        found.append(
+            f"{MAKEFILE}: your edits in the `{MAKE_START}` block were replaced by the "
+            f"template's, which every copy and update rewrites (git diff {MAKEFILE} shows "
+            "them); put your own targets outside the block"
+        )
+    return found
+
+
 def fragments(spec: SpecLike) -> list[Edit]:
     """The lifecycle fragments, the same for every worker (so applying them again is a no-op)."""
     return [

@@ -461,6 +461,30 @@ def test_restore_of_a_shared_file_puts_back_every_workers_fragments(host: Path) 
     assert readme.read_text() == kept
 
 
+def test_an_update_that_overwrites_an_edited_helper_or_make_block_says_so(host: Path) -> None:
+    """Issue 29, item 10: scripts/workers.py and the Makefile block are the template's and
+    every update rewrites them; an edit of either is named as overwritten, and an unedited
+    one (the recorded version's text) is not."""
+    done = helper(host, "update", A)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "overwrote" not in done.stdout + done.stderr
+    commit_all(host, "update A")
+    script, makefile = host / "scripts/workers.py", host / "Makefile"
+    script.write_text(script.read_text() + "# my tweak\n")
+    text = makefile.read_text()
+    makefile.write_text(
+        text.replace(lifecycle.MAKE_END, f"my-target:\n\techo hi\n{lifecycle.MAKE_END}")
+    )
+    commit_all(host, "my edits")
+
+    done = helper(host, "update", B)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "overwrote scripts/workers.py: your edits were replaced" in done.stderr
+    assert "overwrote Makefile: your edits in the `# >>> worker-template` block" in done.stderr
+    assert "# my tweak" not in script.read_text()
+    assert "my-target:" not in makefile.read_text()
+
+
 def test_a_moved_file_keeps_the_users_edit(host: Path) -> None:
     """The release moves README.md to docs/README.md; the `_migrations` step carries the edit."""
     readme = host / f"workers/{A}/README.md"
