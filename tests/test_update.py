@@ -431,6 +431,32 @@ def test_deleted_worker_file_stays_deleted_and_restores(host: Path, template_his
     assert "make restore-worker-file NAME=" in docs
 
 
+def test_an_old_relative_template_path_is_resolved_from_the_host_root_or_refused(
+    host: Path, template_history: Path
+) -> None:
+    """Issue 29, item 12: answers recorded before copies made `_src_path` absolute may hold a
+    relative path; the helper reads it from the host root, where copier runs, and the update
+    records it absolute. One that names no folder there is refused in one line."""
+    answers = host / answers_path(A)
+    text = answers.read_text()
+    answers.write_text(text.replace(str(template_history), "../nowhere/worker-template"))
+    commit_all(host, "a relative record that leads nowhere")
+    done = helper(host, "update", A)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip() == (
+        f"workers.py: {answers_path(A)} records the template as ../nowhere/worker-template, a "
+        f"relative path that names no folder from the host root {host}; write the template's "
+        "absolute path (or URL) on its `_src_path:` line, commit, and run again"
+    )
+    relative = os.path.relpath(template_history, host)
+    answers.write_text(text.replace(str(template_history), relative))
+    commit_all(host, "a relative record")
+    assert f"{A}: v0.0.1 -> v0.0.2 (behind" in helper(host, "check-update").stdout
+    done = helper(host, "update", A)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert recorded(host, A)["_src_path"] == str(template_history)
+
+
 def test_restore_of_a_shared_file_puts_back_every_workers_fragments(host: Path) -> None:
     """Issue 29, item 10: `work/README.md` is rendered by the namespace owner and holds every
     worker's kind line; restored from the owner's rendering, it keeps B's line too."""
