@@ -1159,7 +1159,8 @@ def restore(root: Path, name: str, file: str, force: bool = False) -> int:
             print(f"    rebuilt  {file}: every worker's fragments put back")
     if before is not None and before != target.read_bytes():
         print(
-            f"    overwrote {file}: your version was replaced by the template's (git diff -- {file} shows what changed)"
+            f"    overwrote {file}: your version was replaced by the template's "
+            f"(git diff -- {file} shows what changed)"
         )
     print(f"==> restored {file} as the template rendered it at {answers['_commit']}")
     return OK
