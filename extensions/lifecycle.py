@@ -246,18 +246,23 @@ def shipped_at(commit: str) -> tuple[str, str] | None:
     source = _git(repo, "show", f"{commit}:extensions/lifecycle.py")
     if helper.returncode != 0 or source.returncode != 0:
         return None
-    with tempfile.TemporaryDirectory(prefix="worker-template-shipped-") as tmp:
-        path = Path(tmp) / "lifecycle.py"
-        path.write_text(source.stdout, encoding="utf-8")
-        key = f"_worker_template_shipped_{hashlib.sha1(commit.encode()).hexdigest()[:12]}"
-        spec = importlib.util.spec_from_file_location(key, path)
-        if spec is None or spec.loader is None:
-            return None
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except (ImportError, SyntaxError, NameError, AttributeError):  # an old release: unknown
-            return None
+    digest = hashlib.sha1(source.stdout.encode()).hexdigest()[:12]
+    key = f"_worker_template_shipped_{digest}"
+    module = sys.modules.get(key)
+    if module is None:
+        with tempfile.TemporaryDirectory(prefix="worker-template-shipped-") as tmp:
+            path = Path(tmp) / "lifecycle.py"
+            path.write_text(source.stdout, encoding="utf-8")
+            spec = importlib.util.spec_from_file_location(key, path)
+            if spec is None or spec.loader is None:
+                return None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[key] = module  # its dataclasses look their module up by name
+            try:
+                spec.loader.exec_module(module)
+            except (ImportError, SyntaxError, NameError, AttributeError):  # unknown: not shipped
+                del sys.modules[key]
+                return None
     block = getattr(module, "MAKE_BLOCK", None)
     return (helper.stdout, block) if isinstance(block, str) else None
 

@@ -13,9 +13,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import REFERENCE_HOST, REPO, VENV_BIN, commit_all, git, load_extension, tree_state
+from conftest import (
+    REFERENCE_HOST,
+    RELEASE_0_1_0,
+    REPO,
+    VENV_BIN,
+    commit_all,
+    git,
+    load_extension,
+    tree_state,
+)
 
 patcher = load_extension("patcher")
+lifecycle = load_extension("lifecycle")
 HOST_WORKERS = REPO / "extensions" / "host_workers.py"
 
 FIRST = patcher.Spec(
@@ -445,3 +455,28 @@ def test_check_worker_env_compares_env_with_the_examples_history(tmp_path: Path)
     (host / ".env").write_text("A_LANE=bulk\nA_CAPACITY=20\n")
     done = check_env(host)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_template_owned_file_is_named_overwritten_only_when_no_version_wrote_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 29, item 10: scripts/workers.py and the Makefile block as an older release
+    wrote them (a worker recorded at that release) are not edits; the same text with a
+    line added is, and the patcher names it."""
+    old_helper = git(REPO, "show", f"{RELEASE_0_1_0}:extensions/host_workers.py")
+    shipped = lifecycle.shipped_at(RELEASE_0_1_0)
+    assert shipped is not None and shipped[0] == old_helper
+    old_block = shipped[1]
+    assert old_helper != lifecycle.helper_text() and old_block != lifecycle.MAKE_BLOCK
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts/workers.py").write_text(old_helper)
+    (tmp_path / "Makefile").write_text("all:\n\ttrue\n\n" + old_block)
+
+    assert lifecycle.overwritten_edits(tmp_path, [RELEASE_0_1_0]) == []
+    assert len(lifecycle.overwritten_edits(tmp_path, [])) == 2, "no recorded version: edits"
+    (tmp_path / "scripts/workers.py").write_text(old_helper + "# mine\n")
+    (tmp_path / "Makefile").write_text(
+        "all:\n\ttrue\n\n" + old_block.replace("\n# <<<", "\nmine:\n\ttrue\n# <<<")
+    )
+    found = lifecycle.overwritten_edits(tmp_path, [RELEASE_0_1_0])
+    assert [line.split(":", 1)[0] for line in found] == ["scripts/workers.py", "Makefile"]
