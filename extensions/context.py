@@ -98,6 +98,36 @@ def _resolved(path: str, cwd: str) -> Path:
     return (Path(cwd) / path).resolve()
 
 
+# Template sources copier reads as URLs or shorthands, never as local folders.
+_REMOTE_SOURCE = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|git@|gh:|gl:|git\+)", re.IGNORECASE)
+
+
+def absolute_source(src: str, cwd: str) -> str | None:
+    """The absolute form of a template given as a relative local path (`../worker-template`
+    from `/src/host` gives `/src/worker-template`); None for a URL, a shorthand, an absolute
+    or `~` path, or a path that names no folder from `cwd`.
+
+    Copier records `_src_path` as typed and resolves it against the folder each later
+    command runs in: from `workers/<x>` a relative path finds no template, and copier says
+    only "Updating is only supported in git-tracked templates". So a copy records it absolute.
+    """
+    if not src or _REMOTE_SOURCE.match(src) or src.startswith("~") or Path(src).is_absolute():
+        return None
+    folder = (Path(cwd) / src).resolve()
+    return str(folder) if folder.is_dir() else None
+
+
+def record_absolute_source(context: dict[str, Any]) -> None:
+    """Rewrite a relative `_src_path` in the answers copier is about to record (the
+    `_copier_answers` the answers file renders) to its absolute form (`absolute_source`)."""
+    answers = context.get("_copier_answers")
+    if not isinstance(answers, dict):
+        return
+    absolute = absolute_source(str(answers.get("_src_path") or ""), os.getcwd())
+    if absolute is not None:
+        answers["_src_path"] = absolute
+
+
 def is_replay_folder(path: Path) -> bool:
     """Copier's temporary old/new copies during `copier update` (folders named `copier._main.*`)."""
     return path.name.startswith(REPLAY_PREFIX) or any(
@@ -513,6 +543,7 @@ class ContextUpdater(ContextHook):
     (`_preflight`, `_required`, `_launch_plan`) to every render's context."""
 
     def hook(self, context: dict[str, Any]) -> None:
+        record_absolute_source(context)
         context.update(
             naming.derive_names(
                 worker_name=str(context.get("worker_name") or ""),

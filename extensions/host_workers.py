@@ -10,6 +10,7 @@ Run from anywhere inside the host repository (the Makefile targets call it):
     python3 scripts/workers.py remove <name>               fragments reversed, files removed
     python3 scripts/workers.py rename <old> <new>          files, answers and fragments moved
     python3 scripts/workers.py restore <name> <path> [--force]  a deleted worker file rendered again
+    python3 scripts/workers.py check-env                   .env lines at a default since changed
 
 `update` runs `copier update` from the host root with the worker's answers file
 (`workers/<name>/.copier-answers.yml`; copier cannot find it otherwise) and the right
@@ -160,6 +161,35 @@ def kind_entries(root: Path) -> dict[str, str]:
     return {kind: name for _, _, name, kind in sorted(rows)}
 
 
+def kinds_region(root: Path) -> list[str]:
+    """The lines between the kind markers of `work/README.md`: every worker's kind line
+    (`kind_entries`), each ending in a newline."""
+    return [f"{kind_line(kind, name)}\n" for kind, name in kind_entries(root).items()]
+
+
+def rebuild_kinds(root: Path, path: Path) -> bool:
+    """Write the kinds region of `work/README.md` at `path` from every worker's answers;
+    whether the file changed (False when it has no single pair of kind markers)."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    starts = [n for n, line in enumerate(lines) if line.strip() == KINDS_START]
+    ends = [n for n, line in enumerate(lines) if line.strip() == KINDS_END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        return False
+    lines[starts[0] + 1 : ends[0]] = kinds_region(root)
+    if "".join(lines) == text:
+        return False
+    path.write_text("".join(lines), encoding="utf-8")
+    return True
+
+
+# Files copier renders for one worker that the other workers add their fragments to, and
+# how each is rebuilt with every worker's fragments (restore renders one worker only).
+SHARED_RENDERED: dict[str, Callable[[Path, Path], bool]] = {
+    "om/src/*/om/work/README.md": rebuild_kinds,
+}
+
+
 def settle_kinds(root: Path) -> list[str]:
     """Rebuild a kinds region of `work/README.md` that copier's merge left with conflict
     markers; the path when it did.
@@ -182,9 +212,7 @@ def settle_kinds(root: Path) -> list[str]:
         i, j = starts[0], ends[0]
         if not any(_CONFLICT_LINE.match(line) for line in lines[i + 1 : j]):
             continue
-        lines[i + 1 : j] = [
-            f"{kind_line(kind, name)}\n" for kind, name in kind_entries(root).items()
-        ]
+        lines[i + 1 : j] = kinds_region(root)
         path.write_text("".join(lines), encoding="utf-8")
         rel = str(path.relative_to(root))
         if not any(_CONFLICT_LINE.match(line) for line in lines):
@@ -222,6 +250,32 @@ def version(tag: str) -> tuple[int, ...] | None:
     """`v1.2.3` / `1.2.3` as a tuple; None for a ref that is not a release tag."""
     match = TAG.fullmatch(tag)
     return tuple(int(p) for p in match.group(1).split(".")) if match else None
+
+
+# Template sources git and copier read as URLs or shorthands, never as local folders.
+REMOTE_SOURCE = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|git@|gh:|gl:|git\+)", re.IGNORECASE)
+
+
+def template_source(root: Path, path: Path, answers: dict[str, object]) -> str:
+    """The template a worker's answers record (`_src_path`), a relative local path made
+    absolute against the host root, where this helper runs copier; '' when none is recorded.
+
+    Copies made before the template recorded local paths absolute may hold `../template`;
+    copier resolves it against the folder it runs in, so one that names no folder from the
+    host root is refused here, naming the fix, instead of copier's misleading "Updating is
+    only supported in git-tracked templates".
+    """
+    src = str(answers.get("_src_path", ""))
+    if not src or REMOTE_SOURCE.match(src) or src.startswith("~") or Path(src).is_absolute():
+        return src
+    folder = (root / src).resolve()
+    if not folder.is_dir():
+        raise RefusedError(
+            f"{path.relative_to(root)} records the template as {src}, a relative path that "
+            f"names no folder from the host root {root}; write the template's absolute path "
+            "(or URL) on its `_src_path:` line, commit, and run again"
+        )
+    return str(folder)
 
 
 def remote_refs(src: str, root: Path) -> dict[str, str]:
@@ -329,7 +383,7 @@ def update(root: Path, name: str, ref: str | None = None) -> int:
     require_clean(root)
     answers = read_answers(path)
     recorded = str(answers.get("_commit", ""))
-    src = str(answers.get("_src_path", ""))
+    src = template_source(root, path, answers)
     if not src or not recorded:
         raise RefusedError(f"{path.relative_to(root)} has no _src_path/_commit: not made by copier")
     refs = remote_refs(src, root)
@@ -445,7 +499,11 @@ def check_update(root: Path) -> int:
     for name in all_workers(root):
         answers = read_answers(root / "workers" / name / ANSWERS)
         recorded = str(answers.get("_commit", ""))
-        src = str(answers.get("_src_path", ""))
+        try:
+            src = template_source(root, root / "workers" / name / ANSWERS, answers)
+        except RefusedError as exc:
+            print(f"{name}: {recorded}, template unreachable: {exc}")
+            continue
         refs = remote_refs(src, root) if src else {}
         if not refs:
             print(f"{name}: {recorded}, template {src or '?'} unreachable")
@@ -942,6 +1000,70 @@ def rename(root: Path, old: str, new: str) -> int:
     return CONFLICTS if found else OK
 
 
+# --- the developer's .env ----------------------------------------------------------------
+
+
+ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+def env_values(text: str) -> dict[str, str]:
+    """`KEY=value` lines of a dotenv file (`export ` allowed, comments skipped, the value as
+    written, quotes included); a key set twice keeps its last value, as the shell does."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        found = ENV_LINE.match(line)
+        if found:
+            values[found.group(1)] = found.group(2).strip()
+    return values
+
+
+def stale_defaults(
+    env: dict[str, str], example: dict[str, str], earlier: list[dict[str, str]]
+) -> list[str]:
+    """The keys `env` (the developer's `.env`) still holds at a value an earlier
+    `.env.example` gave (`earlier`, newest first) while the current `example` gives another:
+    one line each, `KEY=old ... KEY=new`. A value the examples never held is the developer's
+    own choice and is not reported."""
+    found: list[str] = []
+    for key, value in env.items():
+        now = example.get(key)
+        if now is None or value == now:
+            continue
+        if any(old.get(key) == value for old in earlier):
+            found.append(f".env still sets {key}={value}; .env.example now says {key}={now}")
+    return found
+
+
+def check_env(root: Path) -> int:
+    """Compare `.env` with `.env.example` and its git history: 1 (each stale line printed)
+    when `.env` keeps a default the example has since changed; `.env` is never written."""
+    env_path, example_path = root / ".env", root / ".env.example"
+    if not env_path.is_file() or not example_path.is_file():
+        print("check-worker-env: no .env or .env.example in the host root, nothing to compare")
+        return OK
+    commits = git(root, "log", "--format=%H", "-n", "200", "--", ".env.example", check=False)
+    earlier = [
+        env_values(git(root, "show", f"{commit}:.env.example", check=False))
+        for commit in commits.split()
+    ]
+    stale = stale_defaults(
+        env_values(env_path.read_text(encoding="utf-8")),
+        env_values(example_path.read_text(encoding="utf-8")),
+        earlier,
+    )
+    for line in stale:
+        print(line)
+    if stale:
+        print(
+            f"check-worker-env: {len(stale)} line(s) of .env hold a default .env.example has "
+            "since changed; edit .env (keep a line you set on purpose)",
+            file=sys.stderr,
+        )
+        return REFUSED
+    print("check-worker-env: .env holds no default .env.example has since changed")
+    return OK
+
+
 # --- restore --------------------------------------------------------------------------------
 
 
@@ -953,13 +1075,23 @@ USER_OWNED = (
 )
 
 
+def namespace_owner(root: Path) -> str | None:
+    """The worker that owns the `work` namespace (`namespace_absent: true` in its answers)."""
+    for name in all_workers(root):
+        if read_answers(root / "workers" / name / ANSWERS).get("namespace_absent") is True:
+            return name
+    return None
+
+
 def restore(root: Path, name: str, file: str, force: bool = False) -> int:
     """Render the worker at its recorded template version and write back one file.
 
     Copier never recreates a file the user deleted (unless it is in `_skip_if_exists`); this
     brings back the exact rendering of the recorded `_commit`, so later updates merge it.
-    A path that exists is refused (`force` overwrites it, its edits lost), and a file the
-    user owns (`USER_OWNED`) is never overwritten: copier recreates those itself.
+    A path that exists is refused (`force` overwrites it, saying so), and a file the user
+    owns (`USER_OWNED`) is never overwritten: copier recreates those itself. A file other
+    workers add fragments to (`SHARED_RENDERED`) gets every worker's, and a file only the
+    namespace owner renders is refused from another worker, naming the owner.
     """
     path = answers_file(root, name)
     target = (root / file).resolve()  # a path from the host root, or an absolute one
@@ -984,6 +1116,7 @@ def restore(root: Path, name: str, file: str, force: bool = False) -> int:
             "(scripts/workers.py restore)"
         )
     answers = read_answers(path)
+    src = template_source(root, path, answers)
     data = {k: v for k, v in answers.items() if not k.startswith("_")}
     with tempfile.TemporaryDirectory(prefix="worker-template.restore.") as tmp:
         data_file = Path(tmp) / "data.yml"
@@ -1001,7 +1134,7 @@ def restore(root: Path, name: str, file: str, force: bool = False) -> int:
             str(answers["_commit"]),
             "--data-file",
             str(data_file),
-            str(answers["_src_path"]),
+            src,
             str(out),
         ]
         done = subprocess.run(cmd, check=False, cwd=root, capture_output=True, text=True)
@@ -1010,10 +1143,25 @@ def restore(root: Path, name: str, file: str, force: bool = False) -> int:
                 f"could not render {name} at {answers['_commit']}: {done.stderr.strip()}"
             )
         source = out / file
+        owner = namespace_owner(root)
+        if not source.is_file() and owner is not None and owner != name:
+            raise RefusedError(
+                f"{name} does not render {file}; the `work` namespace's files are rendered by "
+                f"the worker that owns it: make restore-worker-file NAME={owner} FILE={file}"
+            )
         if not source.is_file():
             raise RefusedError(f"the template does not render {file} for {name}")
+        before = target.read_bytes() if target.is_file() else None
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target)
+    for pattern, rebuild in SHARED_RENDERED.items():
+        if Path(file).match(pattern) and rebuild(root, target):
+            print(f"    rebuilt  {file}: every worker's fragments put back")
+    if before is not None and before != target.read_bytes():
+        print(
+            f"    overwrote {file}: your version was replaced by the template's "
+            f"(git diff -- {file} shows what changed)"
+        )
     print(f"==> restored {file} as the template rendered it at {answers['_commit']}")
     return OK
 
@@ -1043,6 +1191,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("rename", help="rename a worker")
     p.add_argument("old")
     p.add_argument("new")
+    sub.add_parser("check-env", help="lines of .env at a default .env.example has changed")
     p = sub.add_parser("restore", help="render a deleted worker file again")
     p.add_argument("name")
     p.add_argument("file", help="path from the host root, e.g. workers/x/README.md")
@@ -1060,6 +1209,8 @@ def main(argv: list[str] | None = None) -> int:
             return remove(root, args.name)
         if args.command == "rename":
             return rename(root, args.old, args.new)
+        if args.command == "check-env":
+            return check_env(root)
         return restore(root, args.name, args.file, args.force)
     except RefusedError as exc:
         print(f"workers.py: {exc}", file=sys.stderr)

@@ -6,8 +6,8 @@ Fragments (applied by extensions/patcher.py with the others, idempotent, templat
   runs `copier update` from the host root with a worker's answers file and the right
   `--vcs-ref`, reports conflicts, and removes, renames and restores workers.
 - `Makefile`: the targets `update-worker`, `update-workers`, `check-update`, `remove-worker`,
-  `rename-worker`, `restore-worker-file`, in one block between `# >>> worker-template` and
-  `# <<< worker-template`. The block is the template's: each patcher run writes the current
+  `rename-worker`, `restore-worker-file`, `check-worker-env`, in one block between
+  `# >>> worker-template` and `# <<< worker-template`. The block is the template's: each patcher run writes the current
   version of it, so `copier update` brings improvements.
 - `.github/workflows/ci.yml`: a `worker-template-updates` job that runs `make check-update`
   (added once; the host owns it from then on).
@@ -87,6 +87,7 @@ MAKE_TARGETS = (
     "remove-worker",
     "rename-worker",
     "restore-worker-file",
+    "check-worker-env",
 )
 CI_WORKFLOW = ".github/workflows/ci.yml"
 CI_JOB = "worker-template-updates"
@@ -117,6 +118,9 @@ rename-worker:  ## NAME=<worker> TO=<new-name>
 
 restore-worker-file:  ## NAME=<worker> FILE=<path> [FORCE=1]: a deleted worker file rendered again
 \t@$(WORKERS_PY) restore "$(NAME)" "$(FILE)" $(if $(filter 1 yes true,$(FORCE)),--force); $(WORKERS_EXIT)
+
+check-worker-env:  ## lines of your .env still at a default .env.example has since changed
+\t@$(WORKERS_PY) check-env; $(WORKERS_EXIT)
 {MAKE_END}
 """
 
@@ -222,6 +226,78 @@ def edit_ci(text: str) -> str:
     jobs[CI_JOB] = job
     jobs.yaml_set_comment_before_after_key(CI_JOB, before="\n")
     return str(deploy._dump(yaml, data))
+
+
+def make_block(text: str) -> str | None:
+    """The worker-template block of a Makefile's `text` (markers included), or None."""
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, l in enumerate(lines) if l.startswith(MAKE_START)]
+    ends = [i for i, l in enumerate(lines) if l.strip() == MAKE_END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        return None
+    return "".join(lines[starts[0] : ends[0] + 1])
+
+
+def shipped_at(commit: str) -> tuple[str, str] | None:
+    """The helper and the Makefile block the template wrote at `commit` (of the template
+    repository this file runs from), or None when that commit or its files are not there."""
+    repo = HELPER_SOURCE.parent.parent
+    helper = _git(repo, "show", f"{commit}:extensions/host_workers.py")
+    source = _git(repo, "show", f"{commit}:extensions/lifecycle.py")
+    if helper.returncode != 0 or source.returncode != 0:
+        return None
+    digest = hashlib.sha1(source.stdout.encode()).hexdigest()[:12]
+    key = f"_worker_template_shipped_{digest}"
+    module = sys.modules.get(key)
+    if module is None:
+        with tempfile.TemporaryDirectory(prefix="worker-template-shipped-") as tmp:
+            path = Path(tmp) / "lifecycle.py"
+            path.write_text(source.stdout, encoding="utf-8")
+            spec = importlib.util.spec_from_file_location(key, path)
+            if spec is None or spec.loader is None:
+                return None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[key] = module  # its dataclasses look their module up by name
+            try:
+                spec.loader.exec_module(module)
+            except (ImportError, SyntaxError, NameError, AttributeError):  # unknown: not shipped
+                del sys.modules[key]
+                return None
+    block = getattr(module, "MAKE_BLOCK", None)
+    return (helper.stdout, block) if isinstance(block, str) else None
+
+
+def overwritten_edits(host: Path, commits: list[str]) -> list[str]:
+    """The template-owned host files (`scripts/workers.py`, the Makefile block) whose text
+    is none the template wrote, at `commits` (the workers' recorded versions) or now: the
+    user edited them, and applying the fragments replaces the edit. One line each,
+    `<path>: <what to do>`, for the patcher to print as `overwrote <path>: ...`."""
+    helper_path, makefile = host / HELPER_PATH, host / MAKEFILE
+    helper = helper_path.read_text(encoding="utf-8") if helper_path.is_file() else None
+    block = make_block(makefile.read_text(encoding="utf-8")) if makefile.is_file() else None
+    helper_edited = helper is not None and helper != helper_text()
+    block_edited = block is not None and block != MAKE_BLOCK
+    for commit in dict.fromkeys(commits):
+        if not (helper_edited or block_edited):
+            break
+        shipped = shipped_at(commit)
+        if shipped is not None:
+            helper_edited = helper_edited and helper != shipped[0]
+            block_edited = block_edited and block != shipped[1]
+    found: list[str] = []
+    if helper_edited:
+        found.append(
+            f"{HELPER_PATH}: your edits were replaced by the template's helper, which every "
+            f"copy and update rewrites (git diff {HELPER_PATH} shows them); keep your own "
+            "code in another file"
+        )
+    if block_edited:
+        found.append(
+            f"{MAKEFILE}: your edits in the `{MAKE_START}` block were replaced by the "
+            f"template's, which every copy and update rewrites (git diff {MAKEFILE} shows "
+            "them); put your own targets outside the block"
+        )
+    return found
 
 
 def fragments(spec: SpecLike) -> list[Edit]:

@@ -1396,23 +1396,69 @@ def is_replay(folder: Path) -> bool:
     return folder.resolve().name.startswith("copier._main.") or not (folder / ".git").exists()
 
 
+def recorded_commits(host: Path, answers: dict[str, Any]) -> list[str]:
+    """The template versions the host's workers record (`_commit`, as committed, then as
+    on disk, this worker's new one included): the versions whose template-owned files
+    (scripts/workers.py, the Makefile block) an unedited host may hold."""
+    commits: list[str] = []
+    for path in sorted(host.glob("workers/*/.copier-answers.yml")):
+        rel = str(path.relative_to(host))
+        for recorded in (committed_answers(host, rel), _answers_on_disk(path)):
+            if recorded and recorded.get("_commit"):
+                commits.append(str(recorded["_commit"]))
+    if answers.get("_commit"):
+        commits.append(str(answers["_commit"]))
+    return list(dict.fromkeys(commits))
+
+
+def _answers_on_disk(path: Path) -> dict[str, Any] | None:
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
 def stale_env(host: Path, answers_file: str, spec: Spec) -> list[str]:
     """What the host's own `.env` (local, never in git) still says that an update changed:
     the worker's `<PREFIX>LANE` at the lane recorded before (`HEAD:<answers_file>`) when the
-    new answers moved it. `.env.example` follows the update; a `.env` copied from it does
-    not, and the worker would go on claiming the old lane. One line per finding; [] when
-    there is no `.env`, nothing recorded, or nothing stale."""
+    new answers moved it, and every other line still at the value the committed
+    `.env.example` (`HEAD`, before the update) gave where the updated one gives another.
+    A `.env` copied from the example does not follow it; nothing here writes `.env`. One
+    line per finding; [] when there is no `.env` or nothing stale."""
+    import subprocess
+
     env = host / ".env"
     if not env.is_file():
         return []
+    values = host_workers.env_values(env.read_text(encoding="utf-8"))
+    notes: list[str] = []
     before = committed_answers(host, answers_file)
     old = str(before.get("lane", "")) if before else ""
-    if not old or old == spec.lane:
-        return []
-    line = f"{spec.names['worker_env_prefix']}LANE={old}"
-    if all(text.strip() != line for text in env.read_text(encoding="utf-8").splitlines()):
-        return []
-    return [f".env still sets {line}; the worker's lane is now {spec.lane} (see .env.example)"]
+    key = f"{spec.names['worker_env_prefix']}LANE"
+    if old and old != spec.lane and values.get(key) == old:
+        notes.append(
+            f".env still sets {key}={old}; the worker's lane is now {spec.lane} (see .env.example)"
+        )
+    example = host / ".env.example"
+    shown = subprocess.run(
+        ["git", "show", "HEAD:.env.example"], cwd=host, capture_output=True, text=True, check=False
+    )
+    if shown.returncode != 0 or not example.is_file():
+        return notes
+    reported = {note.split("=", 1)[0] for note in notes}
+    notes += [
+        note
+        for note in host_workers.stale_defaults(
+            values,
+            host_workers.env_values(example.read_text(encoding="utf-8")),
+            [host_workers.env_values(shown.stdout)],
+        )
+        if note.split("=", 1)[0] not in reported
+    ]
+    return notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1446,6 +1492,7 @@ def main(argv: list[str] | None = None) -> int:
             merged, conflicted = merge_regions(host, host_spec(host, spec), previous)
     try:
         existed = existing(host, spec)
+        overwritten = lifecycle.overwritten_edits(host, recorded_commits(host, answers))
         changed = apply(host, spec, skip=frozenset(conflicted))
     except Exception as exc:  # every failure of a copy is undone, whatever raised it
         if args.operation == "update" and isinstance(exc, Missing):
@@ -1467,6 +1514,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    {'patched ' if path in existed else 'created '} {path}")
     for path in conflicted:
         print(f"    conflict {path}: resolve the markers, then `git add` it", file=sys.stderr)
+    for note in overwritten:
+        print(f"    overwrote {note}", file=sys.stderr)
     if args.operation == "update":
         for note in stale_env(host, args.answers_file, spec):
             print(f"    note     {note}", file=sys.stderr)

@@ -92,6 +92,28 @@ def test_the_workers_form_makes_the_same_host_as_the_root_form(
     assert recorded["worker_name"] == NAME
 
 
+@pytest.mark.parametrize("form", ["workers folder", "host root"])
+def test_a_relative_template_path_is_recorded_absolute_and_updates(
+    make_host: Callable[..., Path], template_repo: Path, form: str
+) -> None:
+    """Issue 29, item 12: copier resolves `_src_path` against the folder each command runs
+    in, so `../worker-template` recorded as typed broke `copier update` in `workers/<x>`."""
+    host = make_host(REFERENCE_HOST)
+    relative = os.path.relpath(template_repo, host)
+    assert not Path(relative).is_absolute()
+    where = (f"workers/{NAME}",) if form == "workers folder" else (".", "-d", f"worker_name={NAME}")
+    done = cli(host, "copy", "--trust", "--defaults", "-r", "v0.0.1", "-d", f"work_kind={KIND}",
+               relative, *where)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert yaml.safe_load((host / ANSWERS).read_text())["_src_path"] == str(template_repo)
+    commit_all(host, NAME)
+
+    done = cli(host / "workers" / NAME, "update", "--trust", "--defaults")
+    assert done.returncode == 0, done.stderr[-4000:]
+    recorded = yaml.safe_load((host / ANSWERS).read_text())
+    assert recorded["_commit"] == "v0.0.2" and recorded["_src_path"] == str(template_repo)
+
+
 def test_worker_name_given_with_d_wins_over_the_folder_name(
     make_host: Callable[..., Path], template_repo: Path
 ) -> None:

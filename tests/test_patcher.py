@@ -13,9 +13,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import REFERENCE_HOST, VENV_BIN, commit_all, git, load_extension, tree_state
+from conftest import (
+    REFERENCE_HOST,
+    RELEASE_0_1_0,
+    REPO,
+    VENV_BIN,
+    commit_all,
+    git,
+    load_extension,
+    tree_state,
+)
 
 patcher = load_extension("patcher")
+lifecycle = load_extension("lifecycle")
+HOST_WORKERS = REPO / "extensions" / "host_workers.py"
 
 FIRST = patcher.Spec(
     worker_name="shipment-notifier",
@@ -410,3 +421,90 @@ def test_an_update_that_moves_the_lane_prints_the_command_that_moves_the_waiting
     kept = patcher.Spec.from_answers({**ANSWERS_OF_A, "lane": "default"})
     assert patcher.moved_lane(host, answers, kept) == []
     assert patcher.moved_lane(tmp_path, answers, kept) == []  # nothing committed there
+
+
+def test_an_update_that_changes_a_default_names_the_env_line_left_at_the_old_one(
+    tmp_path: Path,
+) -> None:
+    """Issue 29, item 13: every default the update changed in `.env.example`, not only the
+    lane, is named when `.env` still holds the old value; a value of the developer's own
+    is not, and `.env` is never written."""
+    host = tmp_path / "host"
+    (host / "workers/shipment-notifier").mkdir(parents=True)
+    answers = "workers/shipment-notifier/.copier-answers.yml"
+    (host / answers).write_text(
+        "worker_name: shipment-notifier\nwork_kind: NOTIFY_SHIPMENT\nlane: default\n"
+    )
+    (host / ".env.example").write_text(
+        "SHIPMENT_NOTIFIER_CAPACITY=10\nSHIPMENT_NOTIFIER_LEASE=30\nSHIPMENT_NOTIFIER_POLL_INTERVAL=2\n"
+    )
+    git(host, "init", "-q", "-b", "main")
+    commit_all(host, "a worker")
+    env = "SHIPMENT_NOTIFIER_CAPACITY=10\nexport SHIPMENT_NOTIFIER_LEASE=45\n"
+    (host / ".env").write_text(env)
+    (host / ".env.example").write_text(  # as the update leaves it
+        "SHIPMENT_NOTIFIER_CAPACITY=20\nSHIPMENT_NOTIFIER_LEASE=60\nSHIPMENT_NOTIFIER_POLL_INTERVAL=1\n"
+    )
+    spec = patcher.Spec.from_answers({**ANSWERS_OF_A, "lane": "default"})
+
+    assert patcher.stale_env(host, answers, spec) == [
+        (
+            ".env still sets SHIPMENT_NOTIFIER_CAPACITY=10; .env.example now says "
+            "SHIPMENT_NOTIFIER_CAPACITY=20"
+        )
+    ]
+    assert (host / ".env").read_text() == env
+
+
+def check_env(host: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["python3", str(HOST_WORKERS), "check-env"],
+        cwd=host,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_check_worker_env_compares_env_with_the_examples_history(tmp_path: Path) -> None:
+    """`make check-worker-env` (scripts/workers.py check-env): a `.env` line at a value an
+    earlier `.env.example` held, which the current one changed, fails the check."""
+    host = tmp_path / "host"
+    host.mkdir()
+    git(host, "init", "-q", "-b", "main")
+    (host / ".env.example").write_text("A_LANE=default\nA_CAPACITY=10\n")
+    commit_all(host, "example 1")
+    (host / ".env.example").write_text("A_LANE=default\nA_CAPACITY=20\n")
+    commit_all(host, "example 2")
+    (host / ".env").write_text("A_LANE=bulk\nA_CAPACITY=10\n")
+    done = check_env(host)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout == ".env still sets A_CAPACITY=10; .env.example now says A_CAPACITY=20\n"
+    (host / ".env").write_text("A_LANE=bulk\nA_CAPACITY=20\n")
+    done = check_env(host)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_template_owned_file_is_named_overwritten_only_when_no_version_wrote_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 29, item 10: scripts/workers.py and the Makefile block as an older release
+    wrote them (a worker recorded at that release) are not edits; the same text with a
+    line added is, and the patcher names it."""
+    old_helper = git(REPO, "show", f"{RELEASE_0_1_0}:extensions/host_workers.py")
+    shipped = lifecycle.shipped_at(RELEASE_0_1_0)
+    assert shipped is not None and shipped[0] == old_helper
+    old_block = shipped[1]
+    assert old_helper != lifecycle.helper_text() and old_block != lifecycle.MAKE_BLOCK
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts/workers.py").write_text(old_helper)
+    (tmp_path / "Makefile").write_text("all:\n\ttrue\n\n" + old_block)
+
+    assert lifecycle.overwritten_edits(tmp_path, [RELEASE_0_1_0]) == []
+    assert len(lifecycle.overwritten_edits(tmp_path, [])) == 2, "no recorded version: edits"
+    (tmp_path / "scripts/workers.py").write_text(old_helper + "# mine\n")
+    (tmp_path / "Makefile").write_text(
+        "all:\n\ttrue\n\n" + old_block.replace("\n# <<<", "\nmine:\n\ttrue\n# <<<")
+    )
+    found = lifecycle.overwritten_edits(tmp_path, [RELEASE_0_1_0])
+    assert [line.split(":", 1)[0] for line in found] == ["scripts/workers.py", "Makefile"]

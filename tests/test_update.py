@@ -431,6 +431,86 @@ def test_deleted_worker_file_stays_deleted_and_restores(host: Path, template_his
     assert "make restore-worker-file NAME=" in docs
 
 
+def test_an_old_relative_template_path_is_resolved_from_the_host_root_or_refused(
+    host: Path, template_history: Path
+) -> None:
+    """Issue 29, item 12: answers recorded before copies made `_src_path` absolute may hold a
+    relative path; the helper reads it from the host root, where copier runs, and the update
+    records it absolute. One that names no folder there is refused in one line."""
+    answers = host / answers_path(A)
+    text = answers.read_text()
+    answers.write_text(text.replace(str(template_history), "../nowhere/worker-template"))
+    commit_all(host, "a relative record that leads nowhere")
+    done = helper(host, "update", A)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip() == (
+        f"workers.py: {answers_path(A)} records the template as ../nowhere/worker-template, a "
+        f"relative path that names no folder from the host root {host}; write the template's "
+        "absolute path (or URL) on its `_src_path:` line, commit, and run again"
+    )
+    relative = os.path.relpath(template_history, host)
+    answers.write_text(text.replace(str(template_history), relative))
+    commit_all(host, "a relative record")
+    assert f"{A}: v0.0.1 -> v0.0.2 (behind" in helper(host, "check-update").stdout
+    done = helper(host, "update", A)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert recorded(host, A)["_src_path"] == str(template_history)
+
+
+def test_restore_of_a_shared_file_puts_back_every_workers_fragments(host: Path) -> None:
+    """Issue 29, item 10: `work/README.md` is rendered by the namespace owner and holds every
+    worker's kind line; restored from the owner's rendering, it keeps B's line too."""
+    readme = host / WORK / "README.md"
+    kept = readme.read_text()
+    assert "`SEND_INVOICE`, handled by the `invoice-mailer` worker" in kept
+    readme.unlink()
+    commit_all(host, "README gone")
+
+    done = helper(host, "restore", B, f"{WORK}/README.md")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip() == (
+        f"workers.py: {B} does not render {WORK}/README.md; the `work` namespace's files are "
+        f"rendered by the worker that owns it: make restore-worker-file NAME={A} "
+        f"FILE={WORK}/README.md"
+    )
+    assert not readme.exists()
+
+    done = helper(host, "restore", A, f"{WORK}/README.md")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"rebuilt  {WORK}/README.md: every worker's fragments put back" in done.stdout
+    assert readme.read_text() == kept
+
+    readme.write_text(kept + "my notes\n")
+    done = helper(host, "restore", A, f"{WORK}/README.md", "--force")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"overwrote {WORK}/README.md: your version was replaced" in done.stdout
+    assert readme.read_text() == kept
+
+
+def test_an_update_that_overwrites_an_edited_helper_or_make_block_says_so(host: Path) -> None:
+    """Issue 29, item 10: scripts/workers.py and the Makefile block are the template's and
+    every update rewrites them; an edit of either is named as overwritten, and an unedited
+    one (the recorded version's text) is not."""
+    done = helper(host, "update", A)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "overwrote" not in done.stdout + done.stderr
+    commit_all(host, "update A")
+    script, makefile = host / "scripts/workers.py", host / "Makefile"
+    script.write_text(script.read_text() + "# my tweak\n")
+    text = makefile.read_text()
+    makefile.write_text(
+        text.replace(lifecycle.MAKE_END, f"my-target:\n\techo hi\n{lifecycle.MAKE_END}")
+    )
+    commit_all(host, "my edits")
+
+    done = helper(host, "update", B)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "overwrote scripts/workers.py: your edits were replaced" in done.stderr
+    assert "overwrote Makefile: your edits in the `# >>> worker-template` block" in done.stderr
+    assert "# my tweak" not in script.read_text()
+    assert "my-target:" not in makefile.read_text()
+
+
 def test_a_moved_file_keeps_the_users_edit(host: Path) -> None:
     """The release moves README.md to docs/README.md; the `_migrations` step carries the edit."""
     readme = host / f"workers/{A}/README.md"
