@@ -55,8 +55,8 @@ def _align(lines: list[str]) -> list[str]:
     delimiter row `| --- |` with its alignment colons, as prettier prints them."""
     rows = [_cells(line) for line in lines]
     header, delimiter, body = rows[0], rows[1], rows[2:]
-    columns = len(header)
-    body = [(row + [""] * columns)[:columns] for row in body]
+    columns = max(len(row) for row in rows)  # a short row stays short, as prettier keeps it
+    delimiter += [""] * (columns - len(delimiter))
     align = [
         "center"
         if cell.startswith(":") and cell.endswith(":")
@@ -67,7 +67,9 @@ def _align(lines: list[str]) -> list[str]:
         else ""
         for cell in delimiter
     ]
-    widths = [max(3, *(_width(row[c]) for row in [header, *body])) for c in range(columns)]
+    widths = [
+        max(3, *(_width(row[c]) for row in [header, *body] if c < len(row))) for c in range(columns)
+    ]
 
     def pad(cell: str, c: int) -> str:
         space = widths[c] - _width(cell)
@@ -84,7 +86,7 @@ def _align(lines: list[str]) -> list[str]:
         return left + "-" * dashes + right
 
     out = ["| " + " | ".join(pad(cell, c) for c, cell in enumerate(header)) + " |"]
-    out.append("| " + " | ".join(rule(c) for c in range(columns)) + " |")
+    out.append("| " + " | ".join(rule(c) for c in range(len(header))) + " |")
     out += ["| " + " | ".join(pad(cell, c) for c, cell in enumerate(row)) + " |" for row in body]
     return out
 
