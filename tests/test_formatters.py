@@ -7,7 +7,8 @@
   "workers/*/.copier-answers.yml"`, a common pre-commit hook) and committed, updates to a
   release that adds a row to the worker README's table: no conflict, the row merged, and
   the markdown and answers files as prettier leaves them.
-- The patcher adds a kind to a kinds list a formatter spaced out with blank lines.
+- The patcher adds a kind to a kinds list a formatter spaced out with blank lines, and
+  writes an image matrix too long for one prettier line one entry a line.
 
 Prettier is the repository's own (package.json, package-lock.json; `make setup` runs
 `npm ci`): without it these tests fail, naming the fix, and never skip.
@@ -164,3 +165,24 @@ def test_the_patcher_adds_a_kind_to_a_list_a_formatter_spaced_out() -> None:
         "worker\n\n", "worker\n- `SEND_INVOICE`, handled by the `invoice-mailer` worker\n\n"
     )
     assert patcher.edit_work_readme(edited, spec, 88) == edited
+
+
+def test_an_image_list_past_prettiers_width_is_written_one_entry_a_line(
+    prettier: Path, tmp_path: Path
+) -> None:
+    deploy = load_extension("deploy")
+    workflow = tmp_path / "deploy-staging.yml"
+    workflow.write_text(
+        "jobs:\n  build:\n    strategy:\n      matrix:\n"
+        "        image: [api, shipment-notifier, invoice-mailer, a-long-third-worker-name]\n"
+        "    steps:\n"
+        '      - run: docker build -f "deployment/docker/${{ matrix.image }}.Dockerfile" .\n',
+        encoding="utf-8",
+    )
+    run_prettier(prettier, tmp_path, "--write", workflow.name)  # wraps the list
+    added = deploy.add_image(
+        workflow.read_text(encoding="utf-8"), "fourth-worker", workflow.name, builds=True
+    )
+    workflow.write_text(added, encoding="utf-8")
+    assert run_prettier(prettier, tmp_path, "--list-different", workflow.name) == []
+    assert "          - fourth-worker\n" in added
