@@ -8,7 +8,8 @@
   release that adds a row to the worker README's table: no conflict, the row merged, and
   the markdown and answers files as prettier leaves them.
 - The patcher adds a kind to a kinds list a formatter spaced out with blank lines, and
-  writes an image matrix too long for one prettier line one entry a line.
+  writes an image matrix too long for one prettier line one entry a line; `remove-worker`
+  finds its image in a matrix prettier wrapped over lines.
 
 Prettier is the repository's own (package.json, package-lock.json; `make setup` runs
 `npm ci`): without it these tests fail, naming the fix, and never skip.
@@ -186,3 +187,22 @@ def test_an_image_list_past_prettiers_width_is_written_one_entry_a_line(
     workflow.write_text(added, encoding="utf-8")
     assert run_prettier(prettier, tmp_path, "--list-different", workflow.name) == []
     assert "          - fourth-worker\n" in added
+
+
+def test_remove_worker_finds_its_image_in_a_list_prettier_wrapped(
+    prettier: Path, tmp_path: Path
+) -> None:
+    host_workers = load_extension("host_workers")
+    workflow = tmp_path / "deploy-production.yml"
+    names = ["api", "shipment-notifier", "invoice-mailer", "a-third-worker-with-a-long-name"]
+    workflow.write_text(
+        f"jobs:\n  deploy:\n    strategy:\n      matrix:\n        image: [{', '.join(names)}]\n",
+        encoding="utf-8",
+    )
+    run_prettier(prettier, tmp_path, "--write", workflow.name)
+    assert "invoice-mailer,\n" in workflow.read_text(encoding="utf-8")  # one entry a line
+    dropped = host_workers.drop_image(workflow.read_text(encoding="utf-8"), "invoice-mailer")
+    assert "invoice-mailer" not in dropped
+    assert "shipment-notifier" in dropped and "a-third-worker-with-a-long-name" in dropped
+    workflow.write_text(dropped, encoding="utf-8")
+    assert run_prettier(prettier, tmp_path, "--list-different", workflow.name) == []
