@@ -61,7 +61,7 @@ A host whose formatter (prettier) aligned those tables would see each one in con
 old rendering, the user's copy and the new rendering all differ on every row. The command
 writes the user's tables back unpadded, in the working tree and the index (copier diffs
 the index), so only the user's own edits remain to merge; the new rendering is aligned
-again. `--owner-path` names a file only the `work` namespace's owner renders.
+again. Run in both stages: after, it puts those index entries back to `HEAD`. `--owner-path` names a file only the `work` namespace's owner renders.
 
 All four commands act only in the real host (a git work tree outside copier's temporary
 folders, `is_real_host`): copier 9.19.1 runs `_migrations` in the real destination only,
@@ -542,11 +542,17 @@ def carry_edits(
 
 
 def compact(
-    host: Path, answers_file: str, patterns: list[str], owner_patterns: list[str]
+    host: Path,
+    answers_file: str,
+    patterns: list[str],
+    owner_patterns: list[str],
+    stage: str = "before",
 ) -> Retired:
     """Put the tables of the worker's rendered markdown files back in the unpadded layout
     releases before 0.2.0 rendered (extensions/formatting.py `compact_tables`), in the
-    working tree and the index, so a formatter's alignment is no edit to merge.
+    working tree and the index (copier diffs the index), so a formatter's alignment is no
+    edit to merge. After the merge (`stage` "after"), the index entries it staged go back
+    to `HEAD`, except where copier left the file unmerged.
 
     `patterns` and `owner_patterns` are paths with `{placeholders}` filled from the answers
     recorded in `HEAD:<answers_file>`; `owner_patterns` count only when this worker owns
@@ -560,6 +566,11 @@ def compact(
     before, paths = found
     if before.get("namespace_absent") is not True:
         paths = paths[: len(patterns)]
+    if stage == "after":
+        for path in paths:
+            if not _git(host, "ls-files", "--unmerged", "--", path).stdout.strip():
+                _git(host, "reset", "-q", "--", path)
+        return Retired(True, "the index is back at HEAD")
     formatting = _sibling("formatting")
     done: list[str] = []
     for path in paths:
@@ -685,7 +696,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "needs-engine":
         decided = needs_engine(Path(args.host), args.answers_file, args.api)
     elif args.command == "compact":
-        decided = compact(Path(args.host), args.answers_file, list(args.paths), args.owner_paths)
+        decided = compact(
+            Path(args.host),
+            args.answers_file,
+            list(args.paths),
+            args.owner_paths,
+            env("STAGE", "before"),
+        )
     elif args.command == "retire":
         decided = retire(
             Path(args.host),

@@ -143,7 +143,9 @@ def test_an_update_after_prettier_merges_a_new_table_row_without_conflict(
             text=True, check=False,
         )  # fmt: skip
         assert marked.stdout == "", f"conflicts after updating {name}: {marked.stdout}"
-        assert not [line for line in tree_state(host).splitlines() if line.endswith(".rej")]
+        state = tree_state(host).splitlines()
+        assert not [line for line in state if line.endswith(".rej")]
+        assert f" M workers/{name}/README.md" in state, state  # merged, nothing left staged
         commit_all(host, f"update {name}")
 
     row = re.compile(r"^\| `docs/runbook\.md` +\| what to do when its alarms fire", re.MULTILINE)
