@@ -57,33 +57,19 @@ def _align(lines: list[str]) -> list[str]:
     header, delimiter, body = rows[0], rows[1], rows[2:]
     columns = max(len(row) for row in rows)  # a short row stays short, as prettier keeps it
     delimiter += [""] * (columns - len(delimiter))
-    align = [
-        "center"
-        if cell.startswith(":") and cell.endswith(":")
-        else "right"
-        if cell.endswith(":")
-        else "left"
-        if cell.startswith(":")
-        else ""
-        for cell in delimiter
-    ]
+    colons = [(cell.startswith(":"), cell.endswith(":")) for cell in delimiter]
     widths = [
         max(3, *(_width(row[c]) for row in [header, *body] if c < len(row))) for c in range(columns)
     ]
 
     def pad(cell: str, c: int) -> str:
         space = widths[c] - _width(cell)
-        if align[c] == "right":
-            return " " * space + cell
-        if align[c] == "center":
-            return " " * (space // 2) + cell + " " * (space - space // 2)
-        return cell + " " * space
+        left = {(False, True): space, (True, True): space // 2}.get(colons[c], 0)
+        return " " * left + cell + " " * (space - left)
 
     def rule(c: int) -> str:
-        dashes = widths[c] - (align[c] == "center") - (align[c] in ("left", "center", "right"))
-        left = ":" if align[c] in ("left", "center") else ""
-        right = ":" if align[c] in ("right", "center") else ""
-        return left + "-" * dashes + right
+        left, right = colons[c]
+        return (":" if left else "") + "-" * (widths[c] - left - right) + (":" if right else "")
 
     out = ["| " + " | ".join(pad(cell, c) for c, cell in enumerate(header)) + " |"]
     out.append("| " + " | ".join(rule(c) for c in range(len(header))) + " |")
@@ -94,7 +80,7 @@ def _align(lines: list[str]) -> list[str]:
 def _compact(lines: list[str]) -> list[str]:
     """One table in the layout releases before 0.2.0 rendered: `| a | b |`, `|---|---|`."""
     rows = [_cells(line) for line in lines]
-    rule = ["".join((c[:1] if c.startswith(":") else "", "---", ":" if c.endswith(":") else ""))
+    rule = [(":" if c.startswith(":") else "") + "---" + (":" if c.endswith(":") else "")
             for c in rows[1]]  # fmt: skip
     return [
         "| " + " | ".join(rows[0]) + " |",
