@@ -39,6 +39,12 @@ setup:
 	@# the lock alone never fetches.
 	@cd tests/fixtures/reference-host && { $(UV) lock --refresh --dry-run --quiet 2>/dev/null \
 		|| echo "make setup: package index unreachable; renders resolve from the uv cache alone" >&2; }
+	@# prettier, pinned in package-lock.json, for tests/test_formatters.py (which fails without
+	@# it); reinstalled only when the lock changed.
+	@if [ node_modules/.package-lock.json -nt package-lock.json ]; then :; \
+	elif command -v npm >/dev/null 2>&1; then npm ci --no-audit --no-fund --loglevel=error; \
+	else echo "make setup: npm not found: install Node.js 20+ with npm (tests/test_formatters.py needs prettier)" >&2; \
+		[ -z "$$CI" ] || exit 1; fi
 
 services:
 	@bash scripts/services.sh

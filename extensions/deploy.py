@@ -40,6 +40,10 @@ ENVIRONMENTS = ("staging", "production")
 TERRAFORM = "deployment/terraform"
 SERVICE_MODULE = f"{TERRAFORM}/modules/service"
 
+# prettier's default line width: an image list written past it goes one entry a line
+# (docs/updating.md, "Formatters").
+PRETTIER_WIDTH = 80
+_FLOW_IMAGES = re.compile(r"^\s*image:\s*\[")
 # The build step of the staging workflow names the image's Dockerfile by the matrix entry.
 DOCKERFILE_BY_MATRIX = re.compile(r"deployment/docker/\$\{\{\s*matrix\.image\s*\}\}\.Dockerfile")
 # The port /metrics and /healthz listen on inside the worker's container (the image's only
@@ -204,7 +208,14 @@ def add_image(text: str, image: str, where: str, *, builds: bool) -> str:
         if image not in [str(entry) for entry in images]:
             images.append(image)
             changed = True
-    return _dump(yaml, data) if changed else text
+    if not changed:
+        return text
+    out = _dump(yaml, data)
+    if any(len(line) > PRETTIER_WIDTH and _FLOW_IMAGES.match(line) for line in out.splitlines()):
+        for _, images in matrices:  # prettier would wrap the line, and the next round trip
+            images.fa.set_block_style()  # would join it again: a block list stays as it is
+        out = _dump(yaml, data)
+    return out
 
 
 def edit_staging(text: str, spec: SpecLike) -> str:

@@ -550,27 +550,61 @@ def drop_member(text: str, member: str) -> str:
     return re.sub(rf"{quoted},[ \t]*", "", text)
 
 
+IMAGE_LINE_WIDTH = 80  # prettier's default width, as extensions/deploy.py `add_image` keeps it
+_IMAGE_KEY = re.compile(r"^(?P<indent>[ \t]*)image:[ \t]*(?P<rest>.*?)[ \t]*$")
+_BLOCK_ITEM = re.compile(r"^(?P<indent>[ \t]*)-[ \t]+(?P<item>.*?)[ \t]*$")
+
+
+def _image_list(lines: list[str], n: int) -> tuple[list[str], int, str, str] | None:
+    """The `image:` list at line `n`: its entries, the index after it, the key's indent and
+    its block items' ('' for a flow list). A flow list may wrap, as prettier writes it."""
+    found = _IMAGE_KEY.match(lines[n].rstrip("\r\n"))
+    if found is None:
+        return None
+    end, rest = n + 1, found["rest"]
+    if not rest and end < len(lines) and lines[end].strip().startswith("["):
+        rest, end = lines[end].strip(), end + 1
+    if rest.startswith("["):
+        while "]" not in rest and end < len(lines):
+            rest, end = f"{rest} {lines[end].strip()}", end + 1
+        body = rest[1 : rest.index("]")] if "]" in rest else rest[1:]
+        return [i.strip() for i in body.split(",") if i.strip()], end, found["indent"], ""
+    if rest:
+        return None  # a scalar or an anchor: not a list of images
+    items: list[str] = []
+    indent = ""
+    while end < len(lines) and (item := _BLOCK_ITEM.match(lines[end].rstrip("\r\n"))):
+        items.append(item["item"])
+        indent = indent or item["indent"]
+        end += 1
+    return (items, end, found["indent"], indent) if items else None
+
+
 def drop_image(text: str, image: str) -> str:
-    """A workflow: `<image>` out of every `image:` list (flow `[a, b]` or block `- b`)."""
-
-    def flow(match: re.Match[str]) -> str:
-        items = [i.strip() for i in match.group(2).split(",") if i.strip()]
-        kept = [i for i in items if i.strip("'\"") != image]
-        return f"{match.group(1)}[{', '.join(kept)}]"
-
-    text = re.sub(r"^(\s*image:\s*)\[([^\]\n]*)\]", flow, text, flags=re.MULTILINE)
+    """A workflow: `<image>` out of every `image:` list (flow `[a, b]`, wrapped over lines or
+    not, or block `- b`). A list it changes is written flow when that fits in 80 columns,
+    one entry a line otherwise (extensions/deploy.py `add_image` writes them so)."""
     lines = text.splitlines(keepends=True)
     out: list[str] = []
-    in_list = False
-    for line in lines:
-        if re.match(r"^\s*image:\s*$", line):
-            in_list = True
-        elif in_list and re.match(r"^\s*-\s", line):
-            if line.split("-", 1)[1].strip().strip("'\"") == image:
-                continue
-        elif line.strip():
-            in_list = False
-        out.append(line)
+    n = 0
+    while n < len(lines):
+        found = _image_list(lines, n)
+        if found is None:
+            out.append(lines[n])
+            n += 1
+            continue
+        items, end, indent, block_indent = found
+        kept = [i for i in items if i.strip("'\"") != image]
+        if kept == items:
+            out += lines[n:end]
+        else:
+            flow = f"{indent}image: [{', '.join(kept)}]"
+            if len(flow) <= IMAGE_LINE_WIDTH:
+                out.append(flow + "\n")
+            else:
+                item_indent = block_indent or indent + "  "
+                out += [f"{indent}image:\n", *(f"{item_indent}- {i}\n" for i in kept)]
+        n = end
     return "".join(out)
 
 

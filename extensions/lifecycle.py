@@ -51,7 +51,19 @@ a movable one is set aside (the file goes back to the old release's rendering, s
 merge writes the new shape cleanly). After, the edits (from git `HEAD`) go into the new
 shape.
 
-All three commands act only in the real host (a git work tree outside copier's temporary
+The migration command, for a release that renders its markdown tables aligned where the
+old one rendered them unpadded (v0.2.0; extensions/formatting.py), before stage:
+
+    python extensions/lifecycle.py compact --answers-file <file> --path <path> [--path ...]
+                                           [--owner-path <path> ...]
+
+A host whose formatter (prettier) aligned those tables would see each one in conflict: the
+old rendering, the user's copy and the new rendering all differ on every row. The command
+writes the user's tables back unpadded, in the working tree and the index (copier diffs
+the index), so only the user's own edits remain to merge; the new rendering is aligned
+again. Run in both stages: after, it puts those index entries back to `HEAD`. `--owner-path` names a file only the `work` namespace's owner renders.
+
+All four commands act only in the real host (a git work tree outside copier's temporary
 folders, `is_real_host`): copier 9.19.1 runs `_migrations` in the real destination only,
 but a replay that ran them would find no host to change, and they must stay replay-safe.
 The guard scripts/release_guard.py reads these commands' arguments (`build_parser`) to
@@ -602,6 +614,56 @@ def carry_edits(
     return Retired(True, f"{verb} {', '.join(done)}")
 
 
+# --- the compact migration -----------------------------------------------------------------------
+
+
+def compact(
+    host: Path,
+    answers_file: str,
+    patterns: list[str],
+    owner_patterns: list[str],
+    stage: str = "before",
+) -> Retired:
+    """Put the tables of the worker's rendered markdown files back in the unpadded layout
+    releases before 0.2.0 rendered (extensions/formatting.py `compact_tables`), in the
+    working tree and the index (copier diffs the index), so a formatter's alignment is no
+    edit to merge. After the merge (`stage` "after"), the index entries it staged go back
+    to `HEAD`, except where copier left the file unmerged.
+
+    `patterns` and `owner_patterns` are paths with `{placeholders}` filled from the answers
+    recorded in `HEAD:<answers_file>`; `owner_patterns` count only when this worker owns
+    the `work` namespace. Missing files are skipped; never raises for one.
+    """
+    if not is_real_host(host):
+        return Retired(True, "skipped: not the real host")
+    found = _recorded_paths(host, answers_file, [*patterns, *owner_patterns], "compact")
+    if isinstance(found, Retired):
+        return found
+    before, paths = found
+    if before.get("namespace_absent") is not True:
+        paths = paths[: len(patterns)]
+    if stage == "after":
+        for path in paths:
+            if not _git(host, "ls-files", "--unmerged", "--", path).stdout.strip():
+                _git(host, "reset", "-q", "--", path)
+        return Retired(True, "the index is back at HEAD")
+    formatting = _sibling("formatting")
+    done: list[str] = []
+    for path in paths:
+        target = host / path
+        if not target.is_file():
+            continue
+        text = target.read_text(encoding="utf-8")
+        unpadded = formatting.compact_tables(text)
+        if unpadded != text:
+            target.write_text(unpadded, encoding="utf-8")
+            _git(host, "add", "--", path)
+            done.append(path)
+    if not done:
+        return Retired(True, "skipped: no aligned tables")
+    return Retired(True, f"unpadded the tables of {', '.join(done)}; the update aligns them again")
+
+
 # --- the engine-first migration ------------------------------------------------------------------
 
 RUNTIME_INIT = "workers/runtime/src/{host_root}/workers/runtime/__init__.py"
@@ -686,6 +748,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--answers-file", required=True)
     p.add_argument("--path", dest="paths", action="append", required=True)
     p.add_argument("--host", default=".")
+    p = sub.add_parser(
+        "compact", help="unpad the tables a formatter aligned, so an update merges them"
+    )
+    p.add_argument("--answers-file", required=True)
+    p.add_argument("--path", dest="paths", action="append", required=True)
+    p.add_argument("--owner-path", dest="owner_paths", action="append", default=[])
+    p.add_argument("--host", default=".")
     return parser
 
 
@@ -702,6 +771,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "needs-engine":
         decided = needs_engine(Path(args.host), args.answers_file, args.api)
+    elif args.command == "compact":
+        decided = compact(
+            Path(args.host),
+            args.answers_file,
+            list(args.paths),
+            args.owner_paths,
+            env("STAGE", "before"),
+        )
     elif args.command == "retire":
         decided = retire(
             Path(args.host),

@@ -861,6 +861,10 @@ def _between(text: str, start: str, end: str, line: str, where: str) -> str:
         raise Missing(f"{where}: no `{start}` ... `{end}` marker lines") from exc
     if any(l.rstrip("\n") == line for l in lines[i:j]):
         return text
+    # after the region's last line, above the blank lines a markdown formatter may have put
+    # before the end marker (docs/updating.md, "Formatters")
+    while j - 1 > i and not lines[j - 1].strip():
+        j -= 1
     lines.insert(j, line + "\n")
     return "".join(lines)
 
@@ -922,6 +926,8 @@ def edit_om_readme(text: str, spec: Spec, limit: int) -> str:
 
 
 KINDS_START, KINDS_END = host_workers.KINDS_START, host_workers.KINDS_END
+# prettier keeps the kinds list as the patcher writes it (work/README.md.jinja renders the same)
+IGNORE_START, IGNORE_END = "<!-- prettier-ignore-start -->", "<!-- prettier-ignore-end -->"
 
 
 def edit_work_readme(text: str, spec: Spec, limit: int) -> str:
@@ -929,7 +935,9 @@ def edit_work_readme(text: str, spec: Spec, limit: int) -> str:
     line = host_workers.kind_line(spec.work_kind, spec.worker_name)
     if KINDS_START not in text:
         sep = "" if text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
-        text = text + sep + f"## Kinds\n\n{KINDS_START}\n{KINDS_END}\n"
+        text = (
+            text + sep + f"## Kinds\n\n{IGNORE_START}\n{KINDS_START}\n{KINDS_END}\n{IGNORE_END}\n"
+        )
     return _between(text, KINDS_START, KINDS_END, line, f"{spec.om}/work/README.md")
 
 
