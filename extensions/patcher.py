@@ -108,6 +108,7 @@ WORKER_SETTINGS: tuple[tuple[str, str], ...] = (
     ("poll_interval", "2"),
     ("database_wake_ups", "true"),
     ("database_pool_size", "15"),
+    ("database_outage_limit", "300"),
     ("release", "dev"),
     ("operator", ""),
 )

@@ -476,6 +476,15 @@ class Incarnation:
     log: str
     ended: float | None = None
     end: str = ""  # "killed", "exit <code>", "stopped <code>"
+    cause: str = ""  # for an exit no kill or stop explains: the last line of its log
+
+
+def exit_cause(log_text: str, limit: int = 300) -> str:
+    """Why a process exited, as its log says: the last line that is not blank (the one-line
+    refusal `serve` exits with, or a traceback's `Type: message`), at most `limit`
+    characters; `(empty log)` when it wrote nothing."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    return lines[-1][:limit] if lines else "(empty log)"
 
 
 @dataclass
@@ -544,6 +553,8 @@ class Fleet:
                     inc = slot.incarnations[-1]
                     inc.ended = time.time()
                     inc.end = f"exit {slot.proc.returncode}"
+                    log = (self.run_dir / inc.log).read_text(errors="replace")
+                    inc.cause = exit_cause(log)
                     await asyncio.sleep(0.5)
                     self.start(slot)
             await asyncio.sleep(0.2)
@@ -1388,6 +1399,11 @@ def print_report(report: dict[str, Any]) -> None:
         f"processes; enqueue retries {o['enqueue_retries']}; exits other than kills: "
         f"{len(o['exits_other_than_kills'])}"
     )
+    for exited in o["exits_other_than_kills"]:
+        print(
+            f"- slot {exited['slot']} pid {exited['pid']} ({exited['log']}): {exited['end']}: "
+            f"{exited['cause'] or 'no cause logged'}"
+        )
     if report["failures"]:
         print("\nINVARIANTS BROKEN:")
         for failure in report["failures"]:

@@ -62,6 +62,22 @@ def test_a_second_completion_is_seen() -> None:
     assert chaos.changes_to("FAILED", transitions) == {}
 
 
+def test_an_exit_s_cause_is_the_last_line_its_process_logged() -> None:
+    traceback = (
+        "2026-01-01 00:00:00,000 INFO    acme.infra.boot: booted shipment-notifier\n"
+        "Traceback (most recent call last):\n"
+        '  File "server.py", line 1, in serve\n'
+        "asyncpg.exceptions.CannotConnectNowError: the database system is starting up\n\n"
+    )
+    assert chaos.exit_cause(traceback) == (
+        "asyncpg.exceptions.CannotConnectNowError: the database system is starting up"
+    )
+    refusal = "shipment-notifier: the database was unavailable for 300 s, past ...\n"
+    assert chaos.exit_cause(refusal) == refusal.strip()
+    assert chaos.exit_cause("") == "(empty log)"
+    assert len(chaos.exit_cause("x" * 1000)) == 300
+
+
 def test_an_execution_killed_mid_run_ends_at_the_kill_and_overlaps_nothing() -> None:
     # A is claimed at 1, its process killed at 3; the sweep hands it back at 9; B runs 10-11.
     transitions = [

@@ -85,6 +85,7 @@ RUNTIME_FILES = (
             "testing",
             "fixtures",
             "contract",
+            "errors",
         )
     ]
     + [
