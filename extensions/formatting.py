@@ -1,6 +1,6 @@
 """Rendered markdown and YAML in the layout prettier 3 writes, so a host's formatter run
 changes nothing the template wrote and an update merges against the user's copy line by
-line (docs/updating.md, "Formatters"; docs/decisions/0028).
+line (docs/updating.md, "Formatters"; docs/decisions/0027).
 
 - `md_table`: a Jinja filter over a GFM pipe table (`{% filter md_table %}...{% endfilter %}`)
   that pads every column to its widest cell, as prettier's markdown printer does;
