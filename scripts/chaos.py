@@ -236,6 +236,7 @@ class Postgres:
     def _run(self, args: list[str], *, check: bool = True) -> None:
         subprocess.run(
             [*self.as_user, *args],
+            cwd=self.root,  # the server's user may not enter the clone the run started in
             check=check,
             stdout=subprocess.DEVNULL,
             stderr=None if check else subprocess.DEVNULL,

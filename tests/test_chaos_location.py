@@ -50,8 +50,11 @@ async def _answers(url: str) -> int:
         await conn.close()
 
 
-def test_the_cluster_runs_from_a_clone_its_server_user_cannot_enter(tmp_path: Path) -> None:
+def test_the_cluster_runs_from_a_clone_its_server_user_cannot_enter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     clone, chaos = _clone_under_a_closed_folder(tmp_path)
+    monkeypatch.chdir(clone)  # as `make chaos` runs: the server's tools start from here
     run = chaos.ChaosRun(argparse.Namespace(seed=1), clone / ".chaos" / "run-test")
     legacy = clone / ".chaos" / "pg"  # where an earlier release kept it, left behind
     try:
@@ -63,6 +66,7 @@ def test_the_cluster_runs_from_a_clone_its_server_user_cannot_enter(tmp_path: Pa
     finally:
         run.teardown()
 
+    assert "could not change directory" not in capfd.readouterr().err
     assert clone not in run.pg.root.parents
     assert not run.pg.root.exists()  # the teardown removed it
     assert not legacy.exists()
