@@ -153,3 +153,32 @@ def test_sigterm_to_make_stops_every_process_and_kills_one_that_ignores_it(
 
     assert _all_gone(found, within_s=5) == []
     assert b"still running after 2 s (DEV_STOP_GRACE_S): SIGKILL" in err
+
+
+def test_a_second_signal_during_the_stop_does_not_cut_it_short(
+    tmp_path: Path, pids: Path
+) -> None:
+    """Ctrl-C twice, or make passing on a TERM its group also got: the stop still waits its
+    grace and SIGKILLs what ignores SIGTERM."""
+    host = _host(tmp_path, _run("api", "serves"), _run("stubborn", "ignores-term"))
+    env = {**os.environ, "DEV_TEST_PIDS": str(pids), "DEV_STOP_GRACE_S": "2"}
+    dev = subprocess.Popen(
+        ["bash", "scripts/dev.sh"],
+        cwd=host,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        found = _wait_for(pids, 2)
+        os.killpg(dev.pid, signal.SIGTERM)
+        time.sleep(0.5)  # inside the stop's grace
+        os.killpg(dev.pid, signal.SIGTERM)
+        _, err = dev.communicate(timeout=30)
+    finally:
+        if dev.poll() is None:
+            dev.kill()
+
+    assert _all_gone(found, within_s=5) == []
+    assert b"still running after 2 s (DEV_STOP_GRACE_S): SIGKILL" in err
