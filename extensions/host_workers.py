@@ -72,8 +72,15 @@ def host_root() -> Path:
 
 
 def copier_cmd() -> list[str]:
-    """The copier command: `$COPIER` (split like a shell would) or `copier`."""
-    return shlex.split(os.environ.get("COPIER", "copier"))
+    """The copier command: `$COPIER` (split like a shell would) or `copier`; `RefusedError`
+    naming `COPIER` when no such program is on PATH."""
+    command = shlex.split(os.environ.get("COPIER", "copier"))
+    if not command or shutil.which(command[0]) is None:
+        raise RefusedError(
+            f"no copier command {command[0] if command else '(empty)'!r} on PATH: install "
+            "copier, or set COPIER to its path (for example COPIER=<template>/.venv/bin/copier)"
+        )
+    return command
 
 
 def read_answers(path: Path) -> dict[str, object]:
@@ -381,6 +388,7 @@ def update(root: Path, name: str, ref: str | None = None) -> int:
     """`copier update` of one worker from the host root; see the module docstring."""
     path = answers_file(root, name)
     require_clean(root)
+    copier = copier_cmd()
     answers = read_answers(path)
     recorded = str(answers.get("_commit", ""))
     src = template_source(root, path, answers)
@@ -401,7 +409,7 @@ def update(root: Path, name: str, ref: str | None = None) -> int:
         )
     print(f"==> worker {name}: updating from {recorded} to {ref} ({src})", flush=True)
     cmd = [
-        *copier_cmd(),
+        *copier,
         "update",
         "--trust",
         "--defaults",

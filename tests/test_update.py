@@ -641,6 +641,20 @@ def test_helper_refuses_a_dirty_tree_and_an_unknown_worker(host: Path) -> None:
     assert done.returncode == 1 and A in done.stderr
 
 
+def test_helper_without_copier_on_path_refuses_in_one_line_naming_copier(host: Path) -> None:
+    """`make update-worker` where copier lives only in a virtualenv (as `make setup` puts the
+    template's): one line naming COPIER, not a `FileNotFoundError` traceback."""
+    done = helper(host, "update", A, env={"COPIER": "copier-not-installed"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    refusal = (
+        "workers.py: no copier command 'copier-not-installed' on PATH: install copier, or set "
+        "COPIER to its path (for example COPIER=<template>/.venv/bin/copier)"
+    )
+    assert done.stderr.splitlines() == [refusal]
+    assert "updating" not in done.stdout
+    assert tree_state(host) == ""
+
+
 def test_an_update_to_a_ref_the_template_lacks_is_one_line(
     host: Path, template_history: Path
 ) -> None:
