@@ -155,9 +155,7 @@ def test_sigterm_to_make_stops_every_process_and_kills_one_that_ignores_it(
     assert b"still running after 2 s (DEV_STOP_GRACE_S): SIGKILL" in err
 
 
-def test_a_second_signal_during_the_stop_does_not_cut_it_short(
-    tmp_path: Path, pids: Path
-) -> None:
+def test_a_second_signal_during_the_stop_does_not_cut_it_short(tmp_path: Path, pids: Path) -> None:
     """Ctrl-C twice, or make passing on a TERM its group also got: the stop still waits its
     grace and SIGKILLs what ignores SIGTERM."""
     host = _host(tmp_path, _run("api", "serves"), _run("stubborn", "ignores-term"))
