@@ -886,6 +886,12 @@ def remove(root: Path, name: str) -> int:
     print(f"==> worker {name} removed; review with `git status`, then commit:")
     for item in touched:
         print(f"      {item}")
+    kind = answers["work_kind"]
+    print(
+        f"==> items of {kind} still in a database stay there, stranded: the other workers' "
+        f"`serve` names them; `uv run --all-packages {others[0]} items list --any-kind` "
+        f"lists them and `... items discard ID --org ORG` removes each (docs/updating.md)"
+    )
     return OK
 
 

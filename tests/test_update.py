@@ -717,6 +717,10 @@ def test_removing_the_namespace_owner_hands_it_on(host: Path) -> None:
     heir = recorded(host, B)
     assert heir["namespace_absent"] is True and heir["migration_stamp"] == stamp
     assert "NOTIFY_SHIPMENT" not in (host / KINDS).read_text()
+    assert (  # its items are left in the database, and the helper says what finds them
+        "==> items of NOTIFY_SHIPMENT still in a database stay there, stranded: the other "
+        f"workers' `serve` names them; `uv run --all-packages {B} items list --any-kind`"
+    ) in done.stdout
     commit_all(host, "remove A")
     single = helper(host, "remove", B)
     assert single.returncode == 1 and "last worker" in single.stderr
