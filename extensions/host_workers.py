@@ -1086,8 +1086,8 @@ def check_env(root: Path) -> int:
     """Compare `.env` with `.env.example` and its git history: 1 (each stale line printed)
     when `.env` keeps a default the example has since changed; `.env` is never written."""
     env_path, example_path = root / ".env", root / ".env.example"
-    if not env_path.is_file() or not example_path.is_file():
-        print("check-worker-env: no .env or .env.example in the host root, nothing to compare")
+    for missing in (path.name for path in (env_path, example_path) if not path.is_file()):
+        print(f"check-worker-env: no {missing} in the host root, nothing to compare")
         return OK
     commits = git(root, "log", "--format=%H", "-n", "200", "--", ".env.example", check=False)
     earlier = [
@@ -1192,7 +1192,8 @@ def restore(root: Path, name: str, file: str, force: bool = False) -> int:
             )
         source = out / file
         owner = namespace_owner(root)
-        if not source.is_file() and owner is not None and owner != name:
+        namespace_file = file.startswith(("om/", "workers/runtime/"))  # what the owner renders
+        if not source.is_file() and namespace_file and owner is not None and owner != name:
             raise RefusedError(
                 f"{name} does not render {file}; the `work` namespace's files are rendered by "
                 f"the worker that owns it: make restore-worker-file NAME={owner} FILE={file}"

@@ -132,7 +132,7 @@ restore-worker-file:  ## NAME=<worker> FILE=<path> [FORCE=1]: a deleted worker f
 \t@$(WORKERS_PY) restore "$(NAME)" "$(FILE)" $(if $(filter 1 yes true,$(FORCE)),--force); $(WORKERS_EXIT)
 
 check-worker-env:  ## lines of your .env still at a default .env.example has since changed
-\t@$(WORKERS_PY) check-env; $(WORKERS_EXIT)
+\t@$(WORKERS_PY) check-env
 {MAKE_END}
 """
 

@@ -474,6 +474,11 @@ def test_check_worker_env_compares_env_with_the_examples_history(tmp_path: Path)
     git(host, "init", "-q", "-b", "main")
     (host / ".env.example").write_text("A_LANE=default\nA_CAPACITY=10\n")
     commit_all(host, "example 1")
+    done = check_env(host)
+    assert (done.returncode, done.stdout) == (
+        0,
+        "check-worker-env: no .env in the host root, nothing to compare\n",
+    )
     (host / ".env.example").write_text("A_LANE=default\nA_CAPACITY=20\n")
     commit_all(host, "example 2")
     (host / ".env").write_text("A_LANE=bulk\nA_CAPACITY=10\n")

@@ -474,6 +474,9 @@ def test_restore_of_a_shared_file_puts_back_every_workers_fragments(host: Path) 
         f"FILE={WORK}/README.md"
     )
     assert not readme.exists()
+    done = helper(host, "restore", B, "nope.txt")  # no worker renders it: no owner to name
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip() == f"workers.py: the template does not render nope.txt for {B}"
 
     done = helper(host, "restore", A, f"{WORK}/README.md")
     assert done.returncode == 0, done.stdout + done.stderr
