@@ -10,12 +10,14 @@ export UV_LINK_MODE ?= copy
 PYTEST_ARGS ?=
 # pytest-xdist processes for make test: most tests wait on copier, uv and host test runs.
 PYTEST_WORKERS ?= auto
+XDIST_VERSION := $(shell sed -n '/^name = "pytest-xdist"/{n;s/version = "\(.*\)"/\1/p}' uv.lock)
 
-.PHONY: help setup services demo test bench chaos soak lint clean release-manifest release-check
+.PHONY: help setup services demo test engine-check bench chaos soak lint clean release-manifest release-check
 
 help:
 	@echo "make demo   render shipment-notifier into the reference host and process 200 items"
 	@echo "make test   run the template's whole test suite (sets everything up first)"
+	@echo "make engine-check  ruff, mypy and the engine's own tests, read from engine/ (no render)"
 	@echo "make bench  ours vs procrastinate and pgqueuer, held to bench/targets.json"
 	@echo "make chaos  10,000 items through 4 workers under kill -9, outages and half-open links"
 	@echo "make soak   30 minutes at half capacity: no growth in memory, connections, fds, tasks"
@@ -34,6 +36,9 @@ setup:
 	@$(UV) sync --locked --quiet --compile-bytecode
 	@cd tests/fixtures/reference-host && UV_PROJECT_ENVIRONMENT=$(CURDIR)/.cache/warm-venv \
 		$(UV) sync --locked --all-packages --quiet
+	@# make engine-check runs the engine's tests under pytest-xdist in a rendered host, which
+	@# installs it offline: this puts it (the template's locked version) in the uv cache.
+	@$(UV) pip install --quiet --python .cache/warm-venv/bin/python pytest-xdist==$(XDIST_VERSION)
 	@# A render adds a workspace member, so its host re-resolves the lock offline: that needs
 	@# the index metadata of every locked package (every Python fork), which installing from
 	@# the lock alone never fetches.
@@ -59,6 +64,10 @@ test: setup services
 	@$(UV) run --locked --quiet pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 	@# The chaos harness's 1,000-item smoke, alone on the machine (its bounds are timings).
 	@$(UV) run --locked --quiet python scripts/chaos.py --items 1000 $(CHAOS_SMOKE_ARGS)
+
+## ENGINE_CHECK_NO_PG=1: without PostgreSQL and Redis (the integration tests deselected).
+engine-check: setup
+	@$(UV) run --locked --quiet python scripts/engine_check.py
 
 ## The peers (procrastinate, pgqueuer) go into their own virtualenv, never into a host's.
 bench: setup services

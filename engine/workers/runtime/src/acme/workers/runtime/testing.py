@@ -1,0 +1,421 @@
+"""Test helpers for workers and the engine: settings, a clock, handlers, runners, and
+`PROBE`, the worker the engine's own tests run.
+
+Importable from any test (the tests run in importlib mode, so test folders are not on the
+path) and from the worker process the process tests start (`serve_scripted`); nothing
+here runs in production. The pattern follows procrastinate's `testing.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import dataclasses
+import importlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar, Self
+from uuid import UUID, uuid4
+
+from pydantic_settings import SettingsConfigDict
+
+from acme.infra.boot import boot
+from acme.om.context import AppContext, AppType, OpContext, RequestContext
+from acme.om.root import Managers
+from acme.om.work.types.handler import WorkHandlerInterface
+from acme.om.work.types.work_item import WorkItem, WorkKind
+from acme.workers.runtime.container import RuntimeContainer
+from acme.workers.runtime.errors import escape_log_output
+from acme.workers.runtime.loop import WorkerLoop
+from acme.workers.runtime.metrics import WorkerMetrics
+from acme.workers.runtime.server import DatabaseOutage, serve
+from acme.workers.runtime.settings import RuntimeSettings
+from acme.workers.runtime.worker import Worker
+
+APP = AppContext(type=AppType.WORKER, version="worker@test")
+
+# Fast but not hair-trigger (seconds): a renewal every 0.12 s, a beat every 0.05 s.
+FAST: dict[str, Any] = {
+    "capacity": 2,
+    "lease": 0.6,
+    "heartbeat_interval": 0.05,
+    "heartbeat_failure_limit": 2,
+    "sweep_interval": 60.0,
+    "poll_interval": 0.05,
+    "drain_deadline": 2.0,
+}
+
+
+LoopFactory = Callable[..., WorkerLoop]
+"""The type of the `make_loop` fixture: keywords override `WorkerLoop`'s arguments."""
+
+
+def sample_payload() -> dict[str, Any]:
+    """A payload the kind's model accepts; reshape it with the payload model."""
+    return {"record_id": str(uuid4())}
+
+
+def make_settings(worker: Worker, **overrides: Any) -> RuntimeSettings:
+    """`worker`'s settings with the `FAST` values and `overrides`."""
+    return worker.settings.model_validate(FAST | overrides)
+
+
+def new_items(worker: Worker, ctx: OpContext, count: int = 1, **fields: Any) -> list[WorkItem]:
+    """`count` items of `worker`'s kind, on its settings' default lane, for `ctx`'s tenant."""
+    lane = worker.settings().lane
+    kind = worker.kind
+    return [
+        WorkItem.new(org_id=ctx.org_id, kind=kind, payload=sample_payload(), lane=lane, **fields)
+        for _ in range(count)
+    ]
+
+
+async def claimed_item(
+    worker: Worker, container: RuntimeContainer, ctx: OpContext
+) -> tuple[OpContext, WorkItem]:
+    """Enqueue one item of `worker`'s kind in `ctx`'s tenant and claim it as the worker's
+    loop would: the context the claim returned and the claimed item (a handler's input)."""
+    (item,) = await container.managers.work.enqueue_many(ctx, new_items(worker, ctx))
+    lane = worker.settings().lane
+    claimed = await container.managers.work.claim(
+        RequestContext.new(APP), lane, [worker.kind], "test-worker", 30.0
+    )
+    assert claimed is not None, "nothing was claimed"
+    assert claimed[1].id == item.id, "another item was claimed"
+    return claimed
+
+
+class FakeClock:
+    """A wall clock the test moves: `clock()` reads it, `advance(s)` jumps it (seconds)."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Signal:
+    """A counter a test waits on without sleeping: `bump()`, then `await reach(n)`."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = asyncio.Event()
+
+    def bump(self) -> None:
+        self.count += 1
+        self._changed.set()
+
+    async def reach(self, n: int, within: float = 5.0) -> None:
+        """Return once `count >= n`; raises `TimeoutError` after `within` seconds."""
+        async with asyncio.timeout(within):
+            while self.count < n:
+                self._changed.clear()
+                await self._changed.wait()
+
+
+class GateHandler(WorkHandlerInterface):
+    """Records each start and waits on `gate`; counts a cancellation before re-raising."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.started = Signal()
+        self.cancelled = Signal()
+        self.finished = Signal()
+        self.items: list[UUID] = []
+
+    async def handle(self, ctx: OpContext, item: WorkItem) -> None:
+        self.items.append(item.id)
+        self.started.bump()
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled.bump()
+            raise
+        self.finished.bump()
+
+
+@asynccontextmanager
+async def running(loop: WorkerLoop) -> AsyncIterator[asyncio.Task[None]]:
+    """Run `loop` for the block, then stop it and wait for its drain (at most 5 s)."""
+    task = asyncio.create_task(loop.run())
+    try:
+        yield task
+    finally:
+        loop.stop()
+        async with asyncio.timeout(5.0):
+            await task
+
+
+def sample(metrics: WorkerMetrics, name: str, **labels: str) -> float:
+    """The current value of one sample of `metrics`' registry (0.0 when never recorded)."""
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on at the moment of the call."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+_REDIS_FLAGS = ("--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+
+
+class RedisServer:
+    """A `redis-server` of the test's own on `port` (default: a free one), in `folder`.
+
+    `start()` returns once it accepts connections (at most 5 s, else `AssertionError`);
+    `stop()` kills it (SIGKILL: no goodbye to its clients, as in a crash); `restart()` is
+    both, on the same port. `url` is its database 0. Never the shared Redis: tests that
+    kill, restart or disconnect Redis do it to a server of their own.
+    """
+
+    def __init__(self, folder: Path, port: int | None = None) -> None:
+        self.folder = folder
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Self:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not on PATH (apt-get install redis-server)"
+        self._proc = subprocess.Popen(
+            [binary, "--port", str(self.port), *_REDIS_FLAGS],
+            cwd=self.folder,
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=5)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class _Link:
+    """One proxied connection: the client's socket, the server's, what the client sent."""
+
+    def __init__(self, client: asyncio.StreamWriter, server: asyncio.StreamWriter) -> None:
+        self.client = client
+        self.server = server
+        self.sent = bytearray()
+        self.silent = False
+
+    def close(self) -> None:
+        for writer in (self.client, self.server):
+            writer.close()
+
+
+class SilencingProxy:
+    """A TCP proxy on 127.0.0.1 in front of `target_port` whose connections a test silences.
+
+    `silence(marker)` stops forwarding, both ways, on every open connection whose client
+    has sent bytes containing `marker` (`b"SUBSCRIBE"`, `b"LISTEN"`) and returns how many:
+    their sockets stay open and whatever arrives is dropped, as on a half-open connection
+    whose packets the network loses. New connections pass as before. Use it as
+    `async with SilencingProxy(port) as proxy` and connect to `proxy.port`.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._links: list[_Link] = []
+
+    async def __aenter__(self) -> Self:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        assert self._server is not None
+        self._server.close()
+        for link in self._links:
+            link.close()
+
+    def silence(self, marker: bytes) -> int:
+        """Silence every connection whose client sent `marker`; how many it silenced."""
+        chosen = [link for link in self._links if marker in link.sent and not link.silent]
+        for link in chosen:
+            link.silent = True
+        return len(chosen)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            server_reader, server_writer = await asyncio.open_connection(
+                "127.0.0.1", self.target_port
+            )
+        except OSError:
+            writer.close()
+            return
+        link = _Link(writer, server_writer)
+        self._links.append(link)
+        await asyncio.gather(
+            self._pump(link, reader, server_writer, from_client=True),
+            self._pump(link, server_reader, writer, from_client=False),
+            return_exceptions=True,
+        )
+
+    @staticmethod
+    async def _pump(
+        link: _Link,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        from_client: bool,
+    ) -> None:
+        while data := await reader.read(65536):
+            if from_client:
+                link.sent += data
+            if not link.silent:
+                writer.write(data)
+                await writer.drain()
+        if not link.silent:
+            writer.close()
+
+
+class ScriptedHandler(WorkHandlerInterface):
+    """The process tests' handler, scripted through the environment.
+
+    `WORKER_TEST_LOG`: a file that gets a line `start <item id>` when a run starts and
+    `done <item id>` when it ends. `WORKER_TEST_SECONDS`: how long a run takes (default
+    0). `WORKER_TEST_HANG_FIRST=1`: the first run of each item (no `start` line for it in
+    the log yet) never ends, as a process that is about to be killed.
+    `WORKER_TEST_RAISE`: each run raises `ValueError` with this text, Python escapes
+    decoded (`bad\\x00byte`: an environment variable cannot hold a NUL).
+    """
+
+    def __init__(self) -> None:
+        self._log = os.environ["WORKER_TEST_LOG"]
+        self._seconds = float(os.environ.get("WORKER_TEST_SECONDS", "0"))
+        self._hang_first = os.environ.get("WORKER_TEST_HANG_FIRST") == "1"
+        raised = os.environ.get("WORKER_TEST_RAISE")
+        self._raise = None if raised is None else codecs.decode(raised, "unicode_escape")
+
+    async def handle(self, ctx: OpContext, item: WorkItem) -> None:
+        first = f"start {item.id}" not in self._read()
+        self._write(f"start {item.id}")
+        if first and self._hang_first:
+            await asyncio.Event().wait()
+        await asyncio.sleep(self._seconds)
+        if self._raise is not None:
+            raise ValueError(self._raise)
+        self._write(f"done {item.id}")
+
+    def _read(self) -> str:
+        try:
+            with open(self._log) as log:
+                return log.read()
+        except FileNotFoundError:
+            return ""
+
+    def _write(self, line: str) -> None:
+        with open(self._log, "a") as log:
+            log.write(line + "\n")
+
+
+class ProbeSettings(RuntimeSettings):
+    """The probe worker's settings, under `WORKER_PROBE_`."""
+
+    model_config = SettingsConfigDict(env_prefix="WORKER_PROBE_", extra="ignore", frozen=True)
+    service_name: ClassVar[str] = "worker-probe"
+
+
+class _NoOpHandler(WorkHandlerInterface):
+    """Handles an item by doing nothing (the engine's tests replace it where it matters)."""
+
+    async def handle(self, ctx: OpContext, item: WorkItem) -> None:
+        return None
+
+
+PROBE_KIND = next(iter(WorkKind))
+"""The kind the probe worker runs: the first the host defines."""
+
+
+class ProbeContainer(RuntimeContainer):
+    """The probe worker's container: a no-op handler for `PROBE_KIND`."""
+
+    @staticmethod
+    def make_handlers(managers: Managers) -> dict[WorkKind, WorkHandlerInterface]:
+        return {PROBE_KIND: _NoOpHandler()}
+
+
+PROBE = Worker(
+    name="worker-probe", kind=PROBE_KIND, settings=ProbeSettings, container=ProbeContainer
+)
+"""The worker the engine's own tests run: the first kind of the host, a no-op handler, its
+settings under `WORKER_PROBE_`. A worker's tests run the engine's contract over its own
+`WORKER` instead (`runtime.contract`)."""
+
+
+BINDING_VARIABLE = "WORKER_TEST_BINDING"
+"""Names the worker `serve_scripted` serves: `<module>:<attribute>` (default: `PROBE`)."""
+
+
+def _binding() -> Worker:
+    spec = os.environ.get(BINDING_VARIABLE, f"{__name__}:PROBE")
+    module, _, attribute = spec.partition(":")
+    worker = getattr(importlib.import_module(module), attribute)
+    assert isinstance(worker, Worker), f"{spec} is not a Worker"
+    return worker
+
+
+def serve_scripted() -> None:
+    """The process tests' worker (`python -m` this module): `serve` as in production for
+    the worker `WORKER_TEST_BINDING` names, with `ScriptedHandler` in place of its
+    handlers."""
+    worker = _binding()
+    settings = worker.settings()
+    boot(settings.infra, service_name=worker.name)
+    escape_log_output()
+    container = worker.container.build(settings)
+    container = dataclasses.replace(container, handlers={worker.kind: ScriptedHandler()})
+    try:
+        asyncio.run(serve(worker, settings, container))
+    except DatabaseOutage as exc:
+        sys.exit(f"{worker.name}: {exc}")
+
+
+if __name__ == "__main__":
+    serve_scripted()

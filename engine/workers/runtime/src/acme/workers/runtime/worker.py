@@ -1,0 +1,111 @@
+"""One worker bound to the engine: `Worker`, its name, kind, settings, container and hooks.
+
+A worker's `loop.py` builds one `Worker` (its `WORKER`), and its `main.py` exposes
+`WORKER.cli` as the console command. Everything else a worker runs is the engine's.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from acme.om.work.types.work_item import WorkKind
+from acme.workers.runtime import API_VERSION, OWNER
+from acme.workers.runtime.container import (
+    RuntimeContainer,
+    check_audit_batches,
+    outbox_stats_reader,
+    parked_record_resumers,
+)
+from acme.workers.runtime.loop import NO_HOOKS, ItemHooks, WorkerLoop
+from acme.workers.runtime.metrics import WorkerMetrics
+from acme.workers.runtime.settings import RuntimeSettings
+
+GC_YOUNG_THRESHOLD = 50_000
+"""Allocations, less deallocations, between two collections of the cyclic garbage
+collector's youngest generation in a worker process (Python's default: 700). The loop
+allocates and frees a few hundred objects per item, nearly all freed by their reference
+count, yet at the default a busy worker runs a collection every 40 items or so: about 470
+of them, 0.13 s, in a drain of 20,000 items here, and 70 more (65 ms) while `serve`
+imports its server. At 50,000 the drain runs none. Garbage in reference cycles waits a little
+longer to be freed; the older generations keep Python's thresholds (docs/performance.md).
+"""
+
+
+class RuntimeTooOld(RuntimeError):
+    """The host's worker runtime is older than the worker needs; the message is one line
+    naming the update that brings it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Worker:
+    """One worker: what it claims and with what, bound to the engine.
+
+    `name`: its console command and service name (kebab-case). `kind`: the work kind it
+    runs (its `enqueue`, `items` and `dead-letters` commands act on that kind).
+    `settings`: its `RuntimeSettings` subclass, under its own environment prefix, whose
+    `lane` and `capacity` say where it claims and how many items it runs at once.
+    `container`: its `RuntimeContainer` subclass, which names its handlers (the loop
+    claims the kinds they handle). `hooks`: its own steps around each item (`ItemHooks`).
+    `runtime_api`: the engine API version it was written against (`API_VERSION`).
+    """
+
+    name: str
+    kind: WorkKind
+    settings: type[RuntimeSettings]
+    container: type[RuntimeContainer]
+    hooks: ItemHooks = NO_HOOKS
+    runtime_api: int = API_VERSION
+
+    def check_runtime(self, engine_api: int = API_VERSION) -> None:
+        """Raise `RuntimeTooOld` when the engine (`engine_api`) is older than this worker
+        needs (`runtime_api`)."""
+        if self.runtime_api > engine_api:
+            raise RuntimeTooOld(
+                f"{self.name} needs worker runtime API {self.runtime_api}, but the host's "
+                f"workers/runtime is at API {engine_api}: run `make update-worker NAME={OWNER}`"
+            )
+
+    def loop(
+        self,
+        container: RuntimeContainer,
+        settings: RuntimeSettings,
+        *,
+        registry: CollectorRegistry,
+        **overrides: Any,
+    ) -> WorkerLoop:
+        """This worker's `WorkerLoop` over `container`, its metrics on `registry`, the
+        host's parked-record resumers and outbox report taking part (each shape checked, and
+        the audit manager's `append_many`: raises `HostContractError`). `overrides`
+        replace any of the loop's keyword arguments (`worker_id`, `clock`, `handlers`,
+        `parked`, ...), for tests.
+        """
+        check_audit_batches(container.managers)
+        arguments: dict[str, Any] = {
+            "settings": settings,
+            "work": container.managers.work,
+            "handlers": container.handlers,
+            "cache": container.infra.cache,
+            "topics": container.infra.topics,
+            "outbox_relay": container.managers.outbox_relay,
+            "metrics": WorkerMetrics(registry),
+            "parked": parked_record_resumers(container.managers),
+            "outbox_stats": outbox_stats_reader(container.managers),
+            "hooks": self.hooks,
+        }
+        return WorkerLoop(**(arguments | overrides))
+
+    def cli(self, argv: Sequence[str] | None = None) -> None:
+        """The worker's console command (`runtime.cli.run`); see there for the exit codes.
+
+        The command owns its process, so it sets the process's garbage collector first
+        (`GC_YOUNG_THRESHOLD`), before the imports the command needs."""
+        _, middle, oldest = gc.get_threshold()
+        gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
+        from acme.workers.runtime.cli import run  # the CLI imports this module
+
+        run(self, argv)

@@ -1,0 +1,572 @@
+"""The worker as a process against the real PostgreSQL and Redis: signals, crashes, outages.
+
+Each test starts `serve_scripted` (the production `serve` with a handler scripted through
+the environment) as a child process and watches the queue through the work manager. The
+replays come from peers' failure reports: graphile/worker#526 (SIGTERM then SIGKILL must not
+leave a job locked for hours), oban-bg/oban#137 (a crash runs an item at most once more).
+Process tests poll with deadlines; nothing here is mocked or skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import httpx
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy.engine import make_url
+
+from acme.infra.container import Infra
+from acme.infra.settings import InfraSettings
+from acme.om.context import OpContext, RequestContext
+from acme.om.storage.impl.sql import SqlStorageRoot
+from acme.om.work.types.work_item import WorkItem, WorkStatus
+from acme.workers.runtime.container import RuntimeContainer
+from acme.workers.runtime.testing import (
+    APP,
+    PROBE,
+    ProbeContainer,
+    ProbeSettings,
+    RedisServer,
+    SilencingProxy,
+    free_port,
+    new_items,
+    serve_scripted,
+)
+
+pytestmark = pytest.mark.integration
+
+PREFIX = ProbeSettings.env_prefix()
+ROOT = "ACME_"
+LEASE = 1.5
+SWEEP = 1.0
+DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+ADMIN_URL = os.environ.get(f"{ROOT}TEST_ADMIN_URL", DEFAULT_ADMIN_URL)
+
+
+class WorkerProcess:
+    """One `serve_scripted` child process; `log` holds its stderr, `script` the handler's."""
+
+    def __init__(self, tmp: Path, env: dict[str, str], name: str) -> None:
+        self.port = free_port()
+        self.log = tmp / f"{name}.log"
+        self.script = tmp / "handled.log"
+        self.env = env | {
+            f"{PREFIX}METRICS_PORT": str(self.port),
+            "WORKER_TEST_LOG": str(self.script),
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", serve_scripted.__module__],
+                env=self.env,
+                stdout=out,
+                stderr=out,
+            )
+        return self
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def wait(self, within: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=within)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+
+    def script_lines(self, word: str, item_id: UUID) -> int:
+        text = self.script.read_text() if self.script.exists() else ""
+        return text.splitlines().count(f"{word} {item_id}")
+
+    async def healthz(self) -> int:
+        async with httpx.AsyncClient() as client:
+            try:
+                response = await client.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1.0)
+            except httpx.TransportError:
+                return 0
+            return response.status_code
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], within: float, what: str, *workers: WorkerProcess
+) -> float:
+    """Poll `check` every 0.1 s until it holds; returns the seconds it took.
+
+    Fails with `what` and the workers' logs after `within` seconds.
+    """
+    started = time.monotonic()
+    while not await check():
+        if time.monotonic() - started > within:
+            logs = "\n".join(worker.tail() for worker in workers)
+            pytest.fail(f"{what} not within {within} s\n{logs}")
+        await asyncio.sleep(0.1)
+    return time.monotonic() - started
+
+
+@pytest.fixture
+def queue(pg_storage: SqlStorageRoot) -> RuntimeContainer:
+    """The test's view of the queue: the work manager over the session database, its
+    tables emptied (the host's `pg_storage`), without Redis (wake-ups are the worker's)."""
+    return ProbeContainer.for_tests(pg_storage, Infra.memory())
+
+
+@pytest.fixture
+async def tenant(queue: RuntimeContainer) -> OpContext:
+    rctx = RequestContext.new(APP)
+    org = await queue.managers.tenancy.create_org(rctx, "process tests")
+    return await queue.managers.tenancy.service_context(
+        rctx, org_id=org.id, acting_for=org.id, caused_by_request_id=None
+    )
+
+
+@pytest.fixture
+def worker_env(pg_url: str, redis_url: str) -> dict[str, str]:
+    """The child's environment: the session database, a private Redis prefix, fast timers."""
+    inherited = {
+        key: value for key, value in os.environ.items() if not key.startswith((PREFIX, ROOT))
+    }
+    return inherited | {
+        f"{ROOT}DATABASE_URL": pg_url,
+        f"{ROOT}REDIS_URL": redis_url,
+        f"{ROOT}REDIS_PREFIX": f"worker-test-{secrets.token_hex(4)}:",
+        f"{PREFIX}LEASE": str(LEASE),
+        f"{PREFIX}SWEEP_INTERVAL": str(SWEEP),
+        f"{PREFIX}HEARTBEAT_INTERVAL": "0.2",
+        f"{PREFIX}HEARTBEAT_FAILURE_LIMIT": "2",
+        f"{PREFIX}POLL_INTERVAL": "0.2",
+        f"{PREFIX}DRAIN_DEADLINE": "5",
+        f"{PREFIX}CAPACITY": "3",
+    }
+
+
+@pytest.fixture
+def workers(tmp_path: Path, worker_env: dict[str, str]) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start worker processes (`workers(name, **env)`); every one is killed after the test."""
+    started: list[WorkerProcess] = []
+
+    def start(name: str = "worker", **env: str) -> WorkerProcess:
+        worker = WorkerProcess(tmp_path, worker_env | env, name).start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+async def _item(queue: RuntimeContainer, ctx: OpContext, item_id: UUID) -> WorkItem:
+    return await queue.managers.work.get(ctx, item_id)
+
+
+async def _enqueue(queue: RuntimeContainer, ctx: OpContext, count: int = 1) -> list[WorkItem]:
+    return await queue.managers.work.enqueue_many(ctx, new_items(PROBE, ctx, count))
+
+
+async def _status_is(
+    queue: RuntimeContainer, ctx: OpContext, item_id: UUID, status: WorkStatus
+) -> bool:
+    return (await _item(queue, ctx, item_id)).status == status
+
+
+async def test_sigterm_hands_every_item_in_flight_back_with_a_note(
+    queue: RuntimeContainer, tenant: OpContext, workers: Callable[..., WorkerProcess]
+) -> None:
+    items = await _enqueue(queue, tenant, 3)
+    worker = workers(WORKER_TEST_SECONDS="60")
+
+    async def all_started() -> bool:
+        return all(worker.script_lines("start", item.id) == 1 for item in items)
+
+    await eventually(all_started, 15.0, "three items started", worker)
+    worker.signal(signal.SIGTERM)
+    started = time.monotonic()
+
+    assert worker.wait(within=5 + 2) == 0, worker.tail()
+    assert time.monotonic() - started < 5
+    for item in items:
+        back = await _item(queue, tenant, item.id)
+        assert back.status == WorkStatus.AVAILABLE
+        assert back.note is not None
+        assert "draining" in back.note
+        assert back.attempts == 0
+
+
+async def test_a_handler_error_with_control_characters_is_logged_escaped_and_stored_as_itself(
+    queue: RuntimeContainer, tenant: OpContext, workers: Callable[..., WorkerProcess]
+) -> None:
+    """Text logs (the default) never carry a raw control character or a lone surrogate; the
+    row keeps the error as its own text, what PostgreSQL cannot hold (U+0000, a lone
+    surrogate) escaped, never the driver's refusal of it."""
+    (item,) = await _enqueue(queue, tenant)
+    raised = r"bad\x00byte \ud800 \x1b[31mred\nFORGED CRITICAL a line of its own"
+    worker = workers(WORKER_TEST_RAISE=raised, **{f"{ROOT}LOG_JSON": "false"})
+
+    async def failed_once() -> bool:
+        return (await _item(queue, tenant, item.id)).last_error is not None
+
+    await eventually(failed_once, 15.0, "the attempt failed", worker)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(within=10) == 0, worker.tail()
+    stored = (await _item(queue, tenant, item.id)).last_error or ""
+    assert stored.splitlines()[0] == "ValueError: bad\\x00byte \\ud800 \x1b[31mred"
+    log = worker.log.read_bytes()
+    assert b"\x00" not in log
+    assert b"\x1b" not in log
+    assert b"error=ValueError: bad\\x00byte \\ud800 \\x1b[31mred" in log, worker.tail()
+    # The traceback's lines are its own; the message's newline is written `\n` within them.
+    assert b"\nFORGED" not in log, worker.tail()
+    assert b"red\\nFORGED CRITICAL a line of its own" in log, worker.tail()
+
+
+async def test_sigkill_leaves_the_item_claimable_within_a_lease_and_a_sweep_and_it_completes_once(
+    queue: RuntimeContainer, tenant: OpContext, workers: Callable[..., WorkerProcess]
+) -> None:
+    (item,) = await _enqueue(queue, tenant)
+    first = workers("first", WORKER_TEST_HANG_FIRST="1")
+
+    async def started_once() -> bool:
+        return first.script_lines("start", item.id) == 1
+
+    await eventually(started_once, 15.0, "the first run started", first)
+    second = workers("second", WORKER_TEST_HANG_FIRST="1")
+    await eventually(lambda: _up(second), 15.0, "the second worker up", second)
+    first.signal(signal.SIGKILL)
+    first.wait(within=5)
+
+    async def completed() -> bool:
+        return await _status_is(queue, tenant, item.id, WorkStatus.COMPLETED)
+
+    took = await eventually(completed, LEASE + SWEEP + 3.0, "completion", first, second)
+    assert took <= LEASE + SWEEP + 1.0, f"claimable only after {took:.1f} s"
+    done = await _item(queue, tenant, item.id)
+    assert done.attempts == 2
+    assert first.script_lines("done", item.id) == 1  # one script, both processes
+
+
+async def test_a_handler_running_three_leases_long_completes_once(
+    queue: RuntimeContainer, tenant: OpContext, workers: Callable[..., WorkerProcess]
+) -> None:
+    (item,) = await _enqueue(queue, tenant)
+    worker = workers(WORKER_TEST_SECONDS=str(3 * LEASE))
+
+    async def completed() -> bool:
+        return await _status_is(queue, tenant, item.id, WorkStatus.COMPLETED)
+
+    await eventually(completed, 3 * LEASE + 15.0, "completion", worker)
+    done = await _item(queue, tenant, item.id)
+    assert done.attempts == 1
+    assert worker.script_lines("start", item.id) == 1
+    assert worker.script_lines("done", item.id) == 1
+
+
+async def test_a_terminated_database_backend_is_survived(
+    queue: RuntimeContainer,
+    tenant: OpContext,
+    workers: Callable[..., WorkerProcess],
+    pg_url: str,
+) -> None:
+    (item,) = await _enqueue(queue, tenant)
+    worker = workers(WORKER_TEST_SECONDS="1.0")
+
+    async def started() -> bool:
+        return worker.script_lines("start", item.id) == 1
+
+    await eventually(started, 15.0, "the run started", worker)
+    assert await _terminate_backends(pg_url) > 0
+
+    async def completed() -> bool:
+        return await _status_is(queue, tenant, item.id, WorkStatus.COMPLETED)
+
+    await eventually(completed, 10.0, "completion after the backends died", worker)
+    (later,) = await _enqueue(queue, tenant)
+
+    async def later_completed() -> bool:
+        return await _status_is(queue, tenant, later.id, WorkStatus.COMPLETED)
+
+    await eventually(later_completed, 10.0, "a later item completed", worker)
+    assert worker.proc is not None
+    assert worker.proc.poll() is None
+
+
+async def test_a_database_that_never_answers_costs_few_lines_then_exit_1_naming_the_limit(
+    workers: Callable[..., WorkerProcess], pg_url: str
+) -> None:
+    """A refused connection, from the start on: the claim and every sweep pass wait it out
+    without a traceback, and past `DATABASE_OUTAGE_LIMIT` the process drains and exits 1 in
+    one line naming the setting."""
+    closed = make_url(pg_url).set(port=free_port()).render_as_string(hide_password=False)
+    worker = workers(**{f"{ROOT}DATABASE_URL": closed, f"{PREFIX}DATABASE_OUTAGE_LIMIT": "5"})
+    assert await asyncio.to_thread(worker.wait, 40) == 1, worker.tail()
+    lines = worker.log.read_text().splitlines()
+    assert lines[-1].startswith("worker-probe: the database was unavailable for "), lines[-1]
+    assert f"past {PREFIX}DATABASE_OUTAGE_LIMIT (5 s); last error: " in lines[-1]
+    assert not [line for line in lines if line.startswith("Traceback")], worker.tail()
+    # Five sweep passes and 25 polls: a few lines a pass, none per poll.
+    assert len(lines) <= 30, worker.tail()
+
+
+async def test_a_database_that_accepts_and_never_answers_is_an_outage_bounded_alike(
+    workers: Callable[..., WorkerProcess], pg_url: str
+) -> None:
+    """A database that takes the connection and never answers (a hung server, the URL
+    pointed at another service): `/healthz` stops saying ok while the claim hangs, and the
+    process exits 1 naming `DATABASE_OUTAGE_LIMIT` about the limit after its start (the
+    start's check and the claims are bounded by what is left of it), not after the
+    driver's own timeouts."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # the connection stays open and nothing is ever answered
+
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        url = make_url(pg_url).set(port=port).render_as_string(hide_password=False)
+        started = time.monotonic()
+        worker = workers(**{f"{ROOT}DATABASE_URL": url, f"{PREFIX}DATABASE_OUTAGE_LIMIT": "8"})
+        await eventually(lambda: _healthz_is(worker, 503), 10.0, "healthz 503", worker)
+        assert await asyncio.to_thread(worker.wait, 30) == 1, worker.tail()
+        assert time.monotonic() - started < 8 + 4, worker.tail()  # the boot and the drain
+    finally:
+        server.close()
+        for writer in held:
+            writer.close()
+    lines = worker.log.read_text().splitlines()
+    assert lines[-1].startswith("worker-probe: the database was unavailable for "), lines[-1]
+    assert f"past {PREFIX}DATABASE_OUTAGE_LIMIT (8 s); last error: TimeoutError: " in lines[-1]
+    assert not lines[-1].endswith("TimeoutError: "), lines[-1]
+    assert not [line for line in lines if line.startswith("Traceback")], worker.tail()
+
+
+class _StartingPostgres(SilencingProxy):
+    """A proxy in front of PostgreSQL that, while `starting`, answers every new connection
+    as a server still starting up does: SQLSTATE 57P03, `CannotConnectNowError` in
+    asyncpg (PostgreSQL's protocol: an SSLRequest gets `N`, the startup message a FATAL
+    ErrorResponse). `refused` counts those connections."""
+
+    def __init__(self, target_port: int) -> None:
+        super().__init__(target_port)
+        self.starting = True
+        self.refused = 0
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.starting:
+            await super()._accept(reader, writer)
+            return
+        try:
+            length, code = struct.unpack("!ii", await reader.readexactly(8))
+            if code == _SSL_REQUEST:
+                writer.write(b"N")
+                length, _ = struct.unpack("!ii", await reader.readexactly(8))
+            await reader.readexactly(length - 8)
+            fields = b"SFATAL\0VFATAL\0C57P03\0Mthe database system is starting up\0\0"
+            writer.write(b"E" + struct.pack("!i", len(fields) + 4) + fields)
+            await writer.drain()
+            self.refused += 1
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        writer.close()
+
+
+_SSL_REQUEST = 80877103  # the SSLRequest code of PostgreSQL's protocol
+
+
+async def test_a_database_still_starting_up_at_start_is_waited_out(
+    queue: RuntimeContainer,
+    tenant: OpContext,
+    workers: Callable[..., WorkerProcess],
+    pg_url: str,
+) -> None:
+    """`CannotConnectNowError` at start (a database still starting, a standby catching up)
+    is waited out as a refused connection is: the worker runs on and handles the item
+    once the database answers."""
+    url = make_url(pg_url)
+    (item,) = await _enqueue(queue, tenant)
+    async with _StartingPostgres(url.port or 5432) as proxy:
+        through = url.set(port=proxy.port).render_as_string(hide_password=False)
+        worker = workers(**{f"{ROOT}DATABASE_URL": through})
+
+        async def refused_some() -> bool:
+            return proxy.refused >= 3
+
+        await eventually(refused_some, 15.0, "connections refused as starting", worker)
+        proxy.starting = False
+
+        async def completed() -> bool:
+            return await _status_is(queue, tenant, item.id, WorkStatus.COMPLETED)
+
+        await eventually(completed, 20.0, "the item completed once the database answered", worker)
+        assert worker.proc is not None
+        assert worker.proc.poll() is None, worker.tail()
+    log = worker.log.read_text()
+    assert "the database does not answer yet (CannotConnectNowError" in log
+    assert "the database answers again after" in log
+
+
+async def test_redis_loss_pauses_claiming_and_fails_healthz_and_both_recover(
+    queue: RuntimeContainer,
+    tenant: OpContext,
+    workers: Callable[..., WorkerProcess],
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    with _redis_server(port, tmp_path):
+        worker = workers(**{f"{ROOT}REDIS_URL": f"redis://127.0.0.1:{port}/0"})
+        await eventually(lambda: _healthz_is(worker, 200), 15.0, "healthz 200", worker)
+    await eventually(lambda: _healthz_is(worker, 503), 5.0, "healthz 503", worker)
+
+    (item,) = await _enqueue(queue, tenant)
+    for _ in range(10):  # two poll intervals' worth of chances to claim, five times over
+        assert (await _item(queue, tenant, item.id)).status == WorkStatus.AVAILABLE
+        await asyncio.sleep(0.1)
+
+    with _redis_server(port, tmp_path):
+        await eventually(lambda: _healthz_is(worker, 200), 10.0, "healthz 200 again", worker)
+
+        async def completed() -> bool:
+            return await _status_is(queue, tenant, item.id, WorkStatus.COMPLETED)
+
+        await eventually(completed, 10.0, "completion after Redis came back", worker)
+
+
+async def test_wake_ups_survive_a_pubsub_kill_and_a_redis_restart_within_a_second_or_so(
+    pg_storage: SqlStorageRoot,
+    tenant: OpContext,
+    workers: Callable[..., WorkerProcess],
+    tmp_path: Path,
+) -> None:
+    """The issue's setting (a long poll, Redis wake-ups): after `CLIENT KILL TYPE pubsub`
+    and after a restart, the next item is picked up through a wake-up, not the poll."""
+    poll, pickup = 30.0, 3.0  # a pickup by the poll would take 30 s
+    with RedisServer(tmp_path) as redis_server:
+        prefix = f"worker-test-{secrets.token_hex(4)}:"
+        worker = workers(
+            **{
+                f"{ROOT}REDIS_URL": redis_server.url,
+                f"{ROOT}REDIS_PREFIX": prefix,
+                f"{PREFIX}POLL_INTERVAL": str(poll),
+                f"{PREFIX}LEASE": str(2 * poll),
+                f"{PREFIX}HEARTBEAT_INTERVAL": "0.5",
+                f"{PREFIX}HEARTBEAT_FAILURE_LIMIT": "10",
+                f"{PREFIX}DATABASE_WAKE_UPS": "false",
+            }
+        )
+        # The test enqueues as a producer does: through a manager that publishes on Redis.
+        producer = ProbeContainer.for_tests(
+            pg_storage, Infra.build(InfraSettings(redis_url=redis_server.url, redis_prefix=prefix))
+        )
+        try:
+            await eventually(lambda: _metric_is(worker, _UP, 1.0), 15.0, "subscribed", worker)
+
+            async def picked_up(what: str) -> float:
+                (item,) = await producer.managers.work.enqueue_many(
+                    tenant, new_items(PROBE, tenant)
+                )
+
+                async def started() -> bool:
+                    return worker.script_lines("start", item.id) == 1
+
+                return await eventually(started, pickup, what, worker)
+
+            await picked_up("before the faults")
+            admin = Redis.from_url(redis_server.url)
+            try:
+                assert await admin.client_kill_filter(_type="pubsub") == 1
+            finally:
+                await admin.aclose()
+            await eventually(lambda: _metric_is(worker, _RESUBSCRIBED, 1.0), 5.0, "back", worker)
+            await picked_up("after CLIENT KILL TYPE pubsub")
+
+            redis_server.restart()
+            await eventually(lambda: _metric_is(worker, _RESUBSCRIBED, 2.0), 5.0, "back", worker)
+            await picked_up("after a Redis restart")
+            assert worker.log.read_text().count("wake-ups (topic) lost") == 2  # one a fault
+        finally:
+            await producer.infra.aclose()
+
+
+_UP = 'worker_wake_up_channel_up{channel="topic"}'
+_RESUBSCRIBED = 'worker_wake_up_resubscriptions_total{channel="topic"}'
+
+
+async def _metric_is(worker: WorkerProcess, series: str, value: float) -> bool:
+    """Whether the worker's `/metrics` shows `series` at `value`."""
+    async with httpx.AsyncClient() as client:
+        try:
+            response = await client.get(f"http://127.0.0.1:{worker.port}/metrics", timeout=1.0)
+        except httpx.TransportError:
+            return False
+    return f"{series} {value}" in response.text
+
+
+async def _up(worker: WorkerProcess) -> bool:
+    return await worker.healthz() == 200
+
+
+async def _healthz_is(worker: WorkerProcess, status: int) -> bool:
+    return await worker.healthz() == status
+
+
+async def _terminate_backends(pg_url: str) -> int:
+    """`pg_terminate_backend` every other connection to the test database; how many."""
+    url = make_url(pg_url)
+    admin = make_url(ADMIN_URL).set(drivername="postgresql")
+    connection = await asyncpg.connect(admin.render_as_string(hide_password=False))
+    try:
+        rows: list[Any] = await connection.fetch(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = $1 AND pid <> pg_backend_pid()",
+            url.database,
+        )
+    finally:
+        await connection.close()
+    return len(rows)
+
+
+@contextmanager
+def _redis_server(port: int, tmp: Path) -> Iterator[None]:
+    """A `redis-server` of the test's own on `port`, stopped when the block ends."""
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is not on PATH (apt-get install redis-server)"
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        cwd=tmp,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
