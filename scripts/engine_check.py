@@ -40,9 +40,7 @@ _GIT = {
 
 
 def _files(root: Path) -> list[Path]:
-    return sorted(
-        p for p in root.rglob("*") if p.is_file() and not _SKIPPED_PARTS & set(p.parts)
-    )
+    return sorted(p for p in root.rglob("*") if p.is_file() and not _SKIPPED_PARTS & set(p.parts))
 
 
 def host_key() -> str:
@@ -59,7 +57,7 @@ def host_key() -> str:
 def _locked_version(package: str) -> str:
     """`package`'s version in the template's own uv.lock (what `make setup` cached)."""
     lock = tomllib.loads((REPO / "uv.lock").read_text(encoding="utf-8"))
-    return next(p["version"] for p in lock["package"] if p["name"] == package)
+    return str(next(p["version"] for p in lock["package"] if p["name"] == package))
 
 
 def _run(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
@@ -95,7 +93,9 @@ def build_host() -> None:
         for name in ("copier.yml", "template", "extensions", "engine", "launcher"):
             source = REPO / name
             if source.is_dir():
-                shutil.copytree(source, template / name, ignore=shutil.ignore_patterns("__pycache__"))
+                shutil.copytree(
+                    source, template / name, ignore=shutil.ignore_patterns("__pycache__")
+                )
             elif source.is_file():
                 template.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, template / name)
@@ -141,13 +141,27 @@ def main() -> int:
         env,
     )
     _run(["make", "-s", "typecheck"], HOST, env)
+    if not no_pg:
+        # The host's fixtures create its test roles when absent; once, before the workers
+        # of the parallel run would race to.
+        probe = "om/tests/integration/test_work_privileges_postgres.py"
+        _run(["uv", "run", "--quiet", "pytest", "-q", "--setup-only", probe], HOST, env)
     worker_tests = sorted(p.relative_to(HOST) for p in (HOST / "workers").glob("*/tests"))
     selection = ["-m", "not integration"] if no_pg else []
     extra = os.environ.get("ENGINE_CHECK_ARGS", "").split()
     _run(
         [
-            "uv", "run", "--quiet", "pytest", "-q", "-n", "auto",
-            *selection, *extra, *map(str, tests), *map(str, worker_tests),
+            "uv",
+            "run",
+            "--quiet",
+            "pytest",
+            "-q",
+            "-n",
+            "auto",
+            *selection,
+            *extra,
+            *map(str, tests),
+            *map(str, worker_tests),
         ],
         HOST,
         env,
