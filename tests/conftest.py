@@ -171,8 +171,8 @@ def template_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # The scripted release v0.0.2 of `template_history` (paths inside the template repo).
 WORKER_TPL = "template/workers/{{ worker_name }}"
 PKG_TPL = f"{WORKER_TPL}/src/{{{{ host_root }}}}/workers/{{{{ worker_module }}}}"
-NAMESPACE_TPL = "template/{% if namespace_absent %}om{% endif %}/src/{{ host_root }}/om/work"
 PAYLOAD_TPL = "template/om/src/{{ host_root }}/om/work/types/payloads/{{ kind_snake }}.py.jinja"
+NAMESPACE_ENGINE = "engine/om/src/acme/om/work"  # its plain source (docs/decisions/0029)
 RELEASE_LINE = "Changed in template v0.0.2."
 RELEASE_PROTECTED = "# template v0.0.2: a change copier must not bring into a user-owned file"
 RELEASE_KINDS = "# template v0.0.2: the kinds come from the patcher-owned module below"
@@ -224,7 +224,7 @@ def release_change(repo: Path) -> None:
     config.write_text(
         text.replace("\n_migrations:\n", "\n" + RELEASE_MIGRATION, 1), encoding="utf-8"
     )
-    item = repo / NAMESPACE_TPL / "types" / "work_item.py.jinja"
+    item = repo / NAMESPACE_ENGINE / "types" / "work_item.py"
     text = item.read_text(encoding="utf-8")
     anchor = "from .kinds import"
     assert text.count(anchor) == 1

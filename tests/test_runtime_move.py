@@ -203,10 +203,7 @@ def test_a_settings_edit_of_what_the_engine_owns_now_stops_theupdate(
 
 # --- a loop fix is one update of the owner ---------------------------------------------------
 
-ENGINE_TPL = (
-    "template/workers/{% if namespace_absent %}runtime{% endif %}/src/{{ host_root }}"
-    "/workers/runtime/loop.py.jinja"
-)
+ENGINE_SOURCE = "engine/workers/runtime/src/acme/workers/runtime/loop.py"
 FIX = ("_ERROR_LIMIT = 2000", "_ERROR_LIMIT = 4000")
 
 
@@ -216,7 +213,7 @@ def test_a_loop_fix_reaches_every_worker_with_one_update_of_the_owner(
     from conftest import snapshot_template
 
     template = snapshot_template(tmp_path / "worker-template")  # tagged v0.0.1
-    _edit(template / ENGINE_TPL, f"{FIX[0]} ", f"{FIX[1]} ")
+    _edit(template / ENGINE_SOURCE, f"{FIX[0]} ", f"{FIX[1]} ")
     commit_all(template, "v0.0.2: a loop fix")
     git(template, "tag", "v0.0.2")
     host = make_host()
