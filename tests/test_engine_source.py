@@ -7,8 +7,7 @@ from pathlib import Path
 
 import jinja2
 import pytest
-
-from tests.conftest import REPO, load_extension
+from conftest import REPO, load_extension
 
 engine = load_extension("engine")
 STUB = re.compile(r'\{\{ engine_source\("([^"]+)"\) \}\}')
