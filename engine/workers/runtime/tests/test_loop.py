@@ -28,7 +28,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry
 from sqlalchemy.engine import make_url
 from work_fixtures import stored_row
 
@@ -46,6 +46,7 @@ from acme.workers.runtime.container import RuntimeContainer
 from acme.workers.runtime.contract import LoopContract
 from acme.workers.runtime.errors import failure_text
 from acme.workers.runtime.loop import ItemHooks, WorkerLoop
+from acme.workers.runtime.metrics import WorkerMetrics
 from acme.workers.runtime.queue_stats import (
     OUTBOX_FAILING_AFTER,
     QUEUE_STATS_EVENT,
@@ -109,6 +110,47 @@ def _replace_renewal(
 
 class TestLoopContract(LoopContract):
     """The engine's loop contract over the probe worker (`testing.PROBE`)."""
+
+
+async def test_the_loop_claims_and_completes_by_polling_with_no_sweep_and_no_wake_ups(
+    container: RuntimeContainer, tenant: OpContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep and the wake-up subscription are the loop's collaborators, not its parts:
+    a loop built without them claims what is enqueued after its first claim (found by the
+    poll alone), completes it, and starts neither task nor wake-up gauge."""
+    work = container.managers.work
+    original = work.claim_many
+    claims = Signal()
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        claims.bump()
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(work, "claim_many", counted)
+    handler = GateHandler()
+    handler.gate.set()
+    loop = WorkerLoop(
+        settings=make_settings(PROBE),
+        work=work,
+        handlers={PROBE_KIND: handler},
+        cache=container.infra.cache,
+        metrics=WorkerMetrics(CollectorRegistry()),
+    )
+    assert (loop.sweep, loop.wake_ups) == (None, None)
+
+    async with running(loop):
+        await claims.reach(1)  # the lane was empty: only the poll claims again
+        await _enqueue(container, tenant, 3)
+        await handler.finished.reach(3)
+        await loop.flush_completions()
+        names = {task.get_name() for task in asyncio.all_tasks()}
+
+    assert await _statuses(container, tenant) == [WorkStatus.COMPLETED] * 3
+    assert claims.count >= 2
+    assert not names & {"sweep", "wake-ups"}
+    assert "heartbeat" in names
+    up = loop.metrics.registry.get_sample_value("worker_wake_up_channel_up", {"channel": "topic"})
+    assert up is None
 
 
 async def test_the_gap_between_successful_renewals_spans_the_failures_between(
@@ -256,7 +298,7 @@ async def test_a_beat_whose_key_reads_back_wrong_is_a_failure(
     monkeypatch.setattr(cache, "get", lost)
     loop = make_loop()
 
-    assert await loop.beat_once() is False
+    assert await loop.heartbeat.beat_once() is False
     assert loop.state.heartbeat_failures == 1
 
 
@@ -280,10 +322,10 @@ async def test_a_beat_on_a_stale_connection_is_tried_once_more_and_a_dead_cache_
     monkeypatch.setattr(cache, "set", flaky)
     loop = make_loop()
 
-    assert await loop.beat_once() is True  # the stale connection, then a good one
+    assert await loop.heartbeat.beat_once() is True  # the stale connection, then a good one
     assert (len(calls), loop.state.heartbeat_failures) == (2, 0)
     down["dead"] = 1
-    assert await loop.beat_once() is False  # Redis down: both tries fail, one failed beat
+    assert await loop.heartbeat.beat_once() is False  # Redis down: both tries fail, one failed beat
     assert (len(calls), loop.state.heartbeat_failures) == (4, 1)
 
 

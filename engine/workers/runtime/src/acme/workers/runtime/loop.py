@@ -8,7 +8,7 @@ and tenant); beats on the cache; and drains at `stop()`. The sweep (`sweep.Sweep
 wake-up subscription (`wake.WakeUpSubscription`) are collaborators it starts and stops.
 Fencing times come from the injected wall clock (`clock`); lease expiry is the database's
 (docs/guarantees.md §7). Every bound is `asyncio.timeout`, never `asyncio.wait_for`
-(docs/decisions/0025).
+(docs/decisions/0030).
 """
 
 from __future__ import annotations
@@ -17,10 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 from uuid import UUID
 
@@ -29,41 +26,31 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from acme.infra.cache import CacheInterface, CacheScope
+from acme.infra.cache import CacheInterface
 from acme.om.context import AppContext, AppType, OpContext, RequestContext
 from acme.om.errors import Conflict
 from acme.om.work import WorkManagerInterface
 from acme.om.work.types.handler import WorkHandlerInterface
 from acme.om.work.types.policy import KindPolicy
 from acme.om.work.types.work_item import WORK_POLICIES, WorkItem, WorkKind, WorkStatus
-from acme.workers.runtime.errors import failure_text, one_line
+from acme.workers.runtime.completion import Completions
+from acme.workers.runtime.errors import failure_text
+from acme.workers.runtime.heartbeat import Heartbeat
+from acme.workers.runtime.lease import LeaseRenewal
 from acme.workers.runtime.metrics import WorkerMetrics
 from acme.workers.runtime.outage import DatabaseOutage
 from acme.workers.runtime.settings import RuntimeSettings
 from acme.workers.runtime.state import (
     LOOP_LOGGER,
     ClaimSignal,
+    InFlight,
     LoopState,
-    item_fields,
-    liveness_key,
+    Phase,
     log_item,
     new_worker_id,
 )
 from acme.workers.runtime.sweep import Sweep, UnwrittenWrites
 from acme.workers.runtime.wake import WakeUpSubscription
-
-__all__ = [
-    "NO_HOOKS",
-    "Clock",
-    "ItemHooks",
-    "LoopState",
-    "Phase",
-    "WorkerLoop",
-    "item_fields",
-    "liveness_key",
-    "new_worker_id",
-    "span_links",
-]
 
 logger = logging.getLogger(LOOP_LOGGER)
 
@@ -90,43 +77,6 @@ def span_links(traceparent: str | None) -> list[Link]:
     carrier = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
     span_context = trace.get_current_span(carrier).get_span_context()
     return [Link(span_context)] if span_context.is_valid else []
-
-
-class Phase(Enum):
-    """Where one claimed item stands in this worker; only the loop moves it.
-
-    `CLAIMED`: claimed, its handler not started. `HANDLING`: the handler runs and the lease
-    is renewed. `HANDLED`: the handler returned or raised; its final write (completion,
-    failure) is queued or under way. `LOST_CONFLICT`, `LOST_UNRENEWED`: the loop fenced
-    itself while the handler ran (a renewal refused with `Conflict`; half a lease without a
-    successful renewal) and cancelled the handler. `SETTLED`: a final write reached the
-    store (completed, failed, released, or refused because another worker holds it).
-    """
-
-    CLAIMED = "claimed"
-    HANDLING = "handling"
-    HANDLED = "handled"
-    LOST_CONFLICT = "conflict"
-    LOST_UNRENEWED = "unrenewed"
-    SETTLED = "settled"
-
-    @property
-    def lost(self) -> bool:
-        """True once the loop fenced itself off the item."""
-        return self in (Phase.LOST_CONFLICT, Phase.LOST_UNRENEWED)
-
-
-@dataclass
-class _InFlight:
-    """One claimed item: its context, its latest copy (renewals update it), its task, and
-    where it stands (`Phase`)."""
-
-    ctx: OpContext
-    item: WorkItem
-    claimed_at: float
-    task: asyncio.Task[None] | None = None
-    renewal: asyncio.Task[None] | None = None
-    phase: Phase = Phase.CLAIMED
 
 
 class ItemHooks:
@@ -204,16 +154,28 @@ class WorkerLoop:
         self._work = work
         self._handlers = dict(handlers)
         self._kinds = list(kinds) if kinds is not None else list(self._handlers)
-        self._cache = cache
         self._policies = policies
         self._clock = clock
         self._hooks = hooks
         self._tracer = tracer or trace.get_tracer(__name__)
         self._app = AppContext(type=AppType.WORKER, version=settings.app_version)
-        self._items: dict[UUID, _InFlight] = {}
-        self._to_complete: list[_InFlight] = []
-        self._unwritten = 0
-        self._flusher: asyncio.Task[None] | None = None
+        self._items: dict[UUID, InFlight] = {}
+        self.heartbeat = Heartbeat(
+            settings=settings,
+            cache=cache,
+            metrics=metrics,
+            worker_id=self.worker_id,
+            state=self.state,
+            signal=self.signal,
+        )
+        self._lease = LeaseRenewal(settings=settings, work=work, metrics=metrics, clock=clock)
+        self._completions = Completions(
+            work=work,
+            metrics=metrics,
+            outage=self.database,
+            unwritten=self.unwritten,
+            signal=self.signal,
+        )
         self._stop = asyncio.Event()
         self._drained = asyncio.Event()
 
@@ -226,7 +188,7 @@ class WorkerLoop:
 
     async def run(self) -> None:
         """Run until `stop()` is called, then drain; returns once drained (see `_drain`)."""
-        heartbeat = asyncio.create_task(self._heartbeat_forever(), name="heartbeat")
+        heartbeat = asyncio.create_task(self.heartbeat.run(), name="heartbeat")
         others = []
         if self.wake_ups is not None:
             others.append(asyncio.create_task(self.wake_ups.run(), name="wake-ups"))
@@ -252,13 +214,9 @@ class WorkerLoop:
 
     async def _claim_until_stopped(self) -> None:
         """`_claim_forever` until `stop()`, giving the claim in progress at the stop at most
-        `_CLAIM_AFTER_STOP_S` (and a quarter of `drain_deadline`) to return.
-
-        A claim stuck in the database (a lock it waits on, a connection that stopped
-        answering) would otherwise hold the drain back past `drain_deadline`, with the sweep
-        still running. A claim cancelled so is rolled back where it had not committed; rows
-        it had claimed are handed back by the sweep once their lease passes. Raises what
-        `_claim_forever` raises.
+        `_CLAIM_AFTER_STOP_S` (and a quarter of `drain_deadline`) to return, so a claim stuck
+        in the database never holds the drain back; one cancelled so is rolled back, and
+        rows it claimed go back after their lease. Raises what `_claim_forever` raises.
         """
         claiming = asyncio.create_task(self._claim_forever(), name="claim")
         stopped = asyncio.create_task(self._stop.wait(), name="stopped")
@@ -283,25 +241,16 @@ class WorkerLoop:
                 claiming.cancel()
 
     async def _claim_forever(self) -> None:
-        """Claim for the free slots whenever the wake event is set or the poll interval
-        passes, until `stop()`.
-
-        A claim that comes back with fewer items than it asked for found the lane empty:
-        from then on a slot that frees or a completion that is written does not claim again
-        (that claim would come back empty: two statements per item that buy nothing on a
-        worker that keeps up); a wake-up (a NOTIFY or a `WORK_AVAILABLE` for the lane, which
-        an enqueue and a hand-back due at once send alike, a wake-up channel coming back or
-        lost, claiming resumed) or the poll does. A wake-up that arrives while a claim is
-        in flight voids that claim's verdict, since the claim may have read the lane before
-        the new items were committed. Items that become due later with no wake-up (a
-        retry's backoff, a deferral) are found by the poll, as before (the template's
-        docs/decisions/0024).
+        """Claim for the free slots whenever `signal` is set or the poll interval passes,
+        until `stop()`. A claim that took fewer items than it asked for found the lane
+        empty: a freed slot does not claim again until a wake-up or the poll; a wake-up
+        during the claim voids that verdict (`ClaimSignal`, docs/decisions/0024).
         """
         signal = self.signal
         while not self._stop.is_set():
             signal.event.clear()
             free = self.settings.capacity - len(self._items)
-            if self._unwritten > self.settings.capacity:
+            if self._completions.unwritten > self.settings.capacity:
                 free = 0  # completions are backing up: let them be written first
             paused = self.state.claiming_paused
             self.metrics.claiming.set(0 if paused else 1)
@@ -392,7 +341,7 @@ class WorkerLoop:
         unhandled = 0
         for ctx, item in pairs:
             self.metrics.claimed.labels(kind=str(item.kind)).inc()
-            flight = _InFlight(ctx=ctx, item=item, claimed_at=started)
+            flight = InFlight(ctx=ctx, item=item, claimed_at=started)
             if item.kind not in self._handlers:
                 unhandled += 1
                 note = f"kind {item.kind} is not handled by worker {self.worker_id}"
@@ -407,7 +356,7 @@ class WorkerLoop:
 
     # -- one item ----------------------------------------------------------------------
 
-    async def _run_item(self, flight: _InFlight) -> None:
+    async def _run_item(self, flight: InFlight) -> None:
         item = flight.item
         kind = str(item.kind)
         handler = self._handlers[item.kind]
@@ -418,7 +367,7 @@ class WorkerLoop:
         since = self._clock()
         running = asyncio.get_running_loop()
         starter = running.call_later(
-            self.settings.renewal_interval, self._start_renewal, flight, since
+            self.settings.renewal_interval, self._lease.start, flight, since
         )
         started = time.monotonic()
         flight.phase = Phase.HANDLING
@@ -449,7 +398,7 @@ class WorkerLoop:
                 # re-raised, it would leave the item claimed until its lease passed.
                 await self._handler_failed(flight, starter, exc, failing)
             else:
-                await self._stop_renewal(flight, starter)
+                await self._lease.stop(flight, starter)
                 if not flight.phase.lost:
                     raise  # the drain cancelled us: it hands the item back
                 if task is not None:
@@ -457,7 +406,7 @@ class WorkerLoop:
                 await self._after_lease_lost(flight)
         except Exception as exc:
             if isinstance(exc, TimeoutError) and bound.expired():
-                await self._stop_renewal(flight, starter)
+                await self._lease.stop(flight, starter)
                 await self._hook("after_item", self._hooks.after_item(flight.ctx, item, exc), item)
                 await self._fail(flight, f"handler timed out after {policy.timeout} s")
             else:
@@ -483,8 +432,8 @@ class WorkerLoop:
                 )
             # Queued first: a drain that cancels us while the renewal ends still finds the
             # completion queued, writes it, and does not hand a handled item back.
-            self._complete_later(flight)
-            await self._stop_renewal(flight, starter)
+            self._completions.add(flight)
+            await self._lease.stop(flight, starter)
             await self._hook("after_item", self._hooks.after_item(flight.ctx, item, None), item)
         finally:
             self.metrics.handle_duration.labels(kind=kind).observe(time.monotonic() - started)
@@ -492,7 +441,7 @@ class WorkerLoop:
 
     async def _handler_failed(
         self,
-        flight: _InFlight,
+        flight: InFlight,
         starter: asyncio.TimerHandle,
         raised: BaseException,
         failing: str,
@@ -504,7 +453,7 @@ class WorkerLoop:
         traceback. Only `Exception`s are a handler's to raise; anything else is also said
         at ERROR."""
         item = flight.item
-        await self._stop_renewal(flight, starter)
+        await self._lease.stop(flight, starter)
         error = (
             raised
             if isinstance(raised, Exception)
@@ -530,81 +479,7 @@ class WorkerLoop:
             self.metrics.hook_failures.labels(hook=name).inc()
             logger.exception("hook %s failed for item %s; the item's outcome stands", name, item.id)
 
-    def _start_renewal(self, flight: _InFlight, since: float) -> None:
-        """Start the item's renewal task (the timer set when its handler started fired)."""
-        if flight.phase is Phase.HANDLING and flight.renewal is None:
-            flight.renewal = asyncio.create_task(
-                self._renew_forever(flight, since), name=f"renew-{flight.item.id}"
-            )
-
-    async def _stop_renewal(self, flight: _InFlight, starter: asyncio.TimerHandle) -> None:
-        """The handler is done: no renewal starts from here, and one that started ends."""
-        if flight.phase is Phase.HANDLING:
-            flight.phase = Phase.HANDLED
-        starter.cancel()
-        renewal, flight.renewal = flight.renewal, None
-        if renewal is not None:
-            renewal.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewal
-
-    async def _renew_forever(self, flight: _InFlight, since: float) -> None:
-        """Renew the lease with the claim token until cancelled or the lease is lost.
-
-        Started a renewal interval after the handler (`since`, on the injected clock, counts
-        as the last renewal: the claim set the lease). Attempts start every
-        `renewal_interval` seconds (a fifth of the lease) and each is bounded by that
-        interval, so an attempt that times out is followed by the next at once: one timeout
-        is retried before half the lease has passed, a second is not. Each success is
-        counted, with the seconds since the previous one (`worker_lease_renewal_gap_seconds`).
-        """
-        interval = self.settings.renewal_interval
-        lease = self.settings.lease
-        running = asyncio.get_running_loop()
-        last_ok = since
-        next_attempt = running.time()
-        while True:
-            await asyncio.sleep(max(next_attempt - running.time(), 0.0))
-            next_attempt = running.time() + interval
-            try:
-                async with asyncio.timeout(interval):
-                    flight.item = await self._work.extend_lease(flight.ctx, flight.item, lease)
-            except Conflict:
-                self._lose(flight, Phase.LOST_CONFLICT)
-                return
-            except Exception as exc:
-                self.metrics.renewals_failed.labels(kind=str(flight.item.kind)).inc()
-                unrenewed = self._clock() - last_ok
-                log_item(
-                    logging.WARNING,
-                    "lease renewal failed",
-                    flight.item,
-                    error=type(exc).__name__,
-                    unrenewed_s=round(unrenewed, 3),
-                )
-                if unrenewed >= lease / 2:
-                    self._lose(flight, Phase.LOST_UNRENEWED)
-                    return
-            else:
-                now = self._clock()
-                kind = str(flight.item.kind)
-                self.metrics.renewals.labels(kind=kind).inc()
-                self.metrics.renewal_gap.labels(kind=kind).observe(max(now - last_ok, 0.0))
-                last_ok = now
-
-    def _lose(self, flight: _InFlight, lost: Phase) -> None:
-        """Self-fencing: stop handling an item this worker may no longer hold (`lost` is
-        `Phase.LOST_CONFLICT` or `Phase.LOST_UNRENEWED`; its value is the metric's reason)."""
-        if flight.phase is not Phase.HANDLING:
-            return
-        flight.phase = lost
-        reason = lost.value
-        self.metrics.leases_lost.labels(kind=str(flight.item.kind), reason=reason).inc()
-        log_item(logging.WARNING, "lease lost; cancelling the handler", flight.item, reason=reason)
-        if flight.task is not None:
-            flight.task.cancel()
-
-    async def _after_lease_lost(self, flight: _InFlight) -> None:
+    async def _after_lease_lost(self, flight: InFlight) -> None:
         """After self-fencing on unrenewed time, try once to hand the item back early.
 
         The release is conditional on the claim token, so it is refused (`Conflict`) when
@@ -616,68 +491,13 @@ class WorkerLoop:
             async with asyncio.timeout(self.settings.renewal_interval):
                 await self._release(flight, note="lease lost: renewals failed", reason="lease_lost")
 
-    def _complete_later(self, flight: _InFlight) -> None:
-        """Queue a handled item's completion; one flush writes every queued completion.
-
-        Group commit: while a flush is in flight, completions gather, and the next flush
-        writes them all (one conditional statement per tenant, each row fenced on its own
-        claim token), so an idle worker completes an item at once and a busy one pays one
-        statement per batch. The item's slot is free from here; `_claim_forever` holds
-        claiming back while more than `capacity` completions wait.
-        """
-        self._to_complete.append(flight)
-        self._unwritten += 1
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_completions(), name="complete")
-
-    async def _flush_completions(self) -> None:
-        """Write the queued completions until none is left (see `_complete_later`), one
-        statement per tenant."""
-        while self._to_complete:
-            queued, self._to_complete = self._to_complete, []
-            tenants: dict[UUID, list[_InFlight]] = {}
-            for flight in queued:
-                tenants.setdefault(flight.item.org_id, []).append(flight)
-            for batch in tenants.values():  # one tenant's failure leaves the others written
-                await self._complete_batch(batch)
-            self.signal.slot_freed()  # claiming held back for the backlog may go on
-
-    async def _complete_batch(self, batch: list[_InFlight]) -> None:
-        """Write one tenant's queued completions (one statement) and account for each."""
-        began = time.monotonic()
-        try:
-            done = await self._work.complete_many([(f.ctx, f.item) for f in batch])
-        except Exception as exc:
-            message = "completion of %d item(s) failed; the sweep requeues them after their lease"
-            if self.database.failed(exc, "completion flush", began):
-                logger.warning(message + " (%s)", len(batch), one_line(exc))  # an outage's
-            else:
-                logger.exception(message, len(batch))
-            for flight in batch:
-                self.metrics.completions_failed.labels(kind=str(flight.item.kind)).inc()
-                self.unwritten.follow(flight.ctx, flight.item, "completion_failed")
-                log_item(logging.ERROR, "completion failed", flight.item)
-            return
-        finally:
-            self._unwritten -= len(batch)
-        for flight in batch:
-            kind = str(flight.item.kind)
-            flight.phase = Phase.SETTLED
-            if flight.item.id in done:
-                self.metrics.completed.labels(kind=kind).inc()
-                log_item(logging.DEBUG, "completed", flight.item)
-            else:
-                self.metrics.leases_lost.labels(kind=kind, reason="conflict").inc()
-                log_item(logging.WARNING, "completion refused: the lease was lost", flight.item)
-
     async def flush_completions(self) -> None:
         """Wait until every completion queued so far is written (tests, and the drain)."""
-        while self._flusher is not None and not self._flusher.done():
-            await asyncio.shield(self._flusher)
+        await self._completions.flush()
 
     async def _fail(
         self,
-        flight: _InFlight,
+        flight: InFlight,
         error: str,
         *,
         raised: BaseException | None = None,
@@ -738,7 +558,7 @@ class WorkerLoop:
                     **more,
                 )
 
-    async def _record_failure(self, flight: _InFlight, error: str) -> WorkItem:
+    async def _record_failure(self, flight: InFlight, error: str) -> WorkItem:
         """`fail` with the handler's error; when the store refuses that (a text it cannot
         hold, say), once more with a plain one, so the item is not left claimed until its
         lease runs out. `Conflict` and a second failure propagate."""
@@ -756,7 +576,7 @@ class WorkerLoop:
             plain = f"{error.partition(':')[0]} (its message could not be stored: {exc!r:.200})"
             return await self._work.fail(flight.ctx, flight.item, plain)
 
-    async def _release(self, flight: _InFlight, *, note: str, reason: str) -> None:
+    async def _release(self, flight: InFlight, *, note: str, reason: str) -> None:
         kind = str(flight.item.kind)
         try:
             flight.item = await self._work.release(flight.ctx, flight.item, note=note)
@@ -768,78 +588,11 @@ class WorkerLoop:
             self.metrics.released.labels(kind=kind, reason=reason).inc()
             log_item(logging.INFO, "released", flight.item, note=note)
 
-    def _forget(self, flight: _InFlight) -> None:
+    def _forget(self, flight: InFlight) -> None:
         self._items.pop(flight.item.id, None)
         self.state.in_flight = len(self._items)
         self.metrics.in_flight.set(len(self._items))
         self.signal.slot_freed()
-
-    # -- heartbeat ---------------------------------------------------------------------
-
-    async def _write_liveness(self, key: str, value: str) -> None:
-        """Write `value` under the liveness `key` and read it back; raises `LookupError` when
-        what comes back differs (the write was lost or evicted), or what the cache raises."""
-        await self._cache.set(
-            CacheScope.WORKER_LIVENESS, key, value, ttl=self.settings.liveness_ttl
-        )
-        seen = await self._cache.get(CacheScope.WORKER_LIVENESS, key)
-        if seen != value:
-            raise LookupError("the liveness key read back differs from the one written")
-
-    async def _heartbeat_forever(self) -> None:
-        """Start a beat every `heartbeat_interval` seconds, start to start.
-
-        A beat is cut off at the interval, so one that hangs (Redis unreachable) is followed
-        at once by the next: after Redis returns, a good beat comes within one interval.
-        """
-        interval = self.settings.heartbeat_interval
-        while True:
-            started = time.monotonic()
-            await self.beat_once()
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
-
-    async def beat_once(self) -> bool:
-        """Write the liveness key and read it back; a miss or an error is a failed beat.
-
-        A beat that raises is tried once more at once, within the same bound: after a Redis
-        restart the first use of each connection pooled before it fails (it was open to the
-        old server), so one retry on the pool's next connection tells a stale connection
-        from a Redis still down, and `/healthz` returns within one interval of Redis.
-
-        Returns whether the beat succeeded and updates `state`: claiming pauses after
-        `heartbeat_failure_limit` failures in a row and resumes on the next good beat.
-        """
-        self.metrics.event_loop_tasks.set(len(asyncio.all_tasks()))
-        key = liveness_key(self.worker_id)
-        value = uuid.uuid4().hex
-        bound = self.settings.heartbeat_interval
-        try:
-            async with asyncio.timeout(bound):
-                try:
-                    await self._write_liveness(key, value)
-                except Exception:
-                    await self._write_liveness(key, value)
-        except Exception as exc:
-            was_paused = self.state.claiming_paused
-            self.state.heartbeat_failures += 1
-            self.metrics.heartbeat_failures.inc()
-            cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            logger.warning(
-                "heartbeat failed (%s), %d in a row",
-                cause[:300],
-                self.state.heartbeat_failures,
-            )
-            if self.state.claiming_paused and not was_paused:
-                logger.error(
-                    "heartbeat failed %d times: claiming paused", self.state.heartbeat_failures
-                )
-            return False
-        if self.state.claiming_paused:
-            logger.info("heartbeat recovered: claiming resumed")
-            self.signal.woken()
-        self.state.heartbeat_failures = 0
-        self.state.beats += 1
-        return True
 
     # -- drain -------------------------------------------------------------------------
 
@@ -891,7 +644,7 @@ class WorkerLoop:
         await asyncio.wait([heartbeat, *others], timeout=max(remaining(), 0.1))
         try:
             async with asyncio.timeout(max(remaining(), 0.1)):
-                await self._cache.delete(CacheScope.WORKER_LIVENESS, liveness_key(self.worker_id))
+                await self.heartbeat.mark_offline()
         except Exception as exc:
             logger.warning("could not mark the worker offline (%s)", type(exc).__name__)
         logger.info("drained: %d item(s) handed back", handed_back)

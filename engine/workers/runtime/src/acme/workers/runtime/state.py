@@ -1,5 +1,6 @@
-"""What the worker loop and its collaborators share: its state (read by `/healthz`), the
-claim signal (what wakes the claim loop), and the per-item log line.
+"""What the worker loop and its collaborators share: its state (read by `/healthz`), each
+claimed item (`InFlight`, `Phase`), the claim signal (what wakes the claim loop), and the
+per-item log line.
 
 Every line the loop, its sweep and its wake-up subscription write goes to one logger,
 `LOOP_LOGGER`, so a host filters them as one.
@@ -15,8 +16,10 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
+from acme.om.context import OpContext
 from acme.om.types import EMPTY_UUID
 from acme.om.work.types.work_item import WorkItem
 
@@ -131,6 +134,43 @@ class LoopState:
     def healthy(self) -> bool:
         """What `/healthz` answers: false while `unhealthy_reason` names a reason."""
         return self.unhealthy_reason is None
+
+
+class Phase(Enum):
+    """Where one claimed item stands in this worker; only the loop moves it.
+
+    `CLAIMED`: claimed, its handler not started. `HANDLING`: the handler runs and the lease
+    is renewed. `HANDLED`: the handler returned or raised; its final write (completion,
+    failure) is queued or under way. `LOST_CONFLICT`, `LOST_UNRENEWED`: the loop fenced
+    itself while the handler ran (a renewal refused with `Conflict`; half a lease without a
+    successful renewal) and cancelled the handler. `SETTLED`: a final write reached the
+    store (completed, failed, released, or refused because another worker holds it).
+    """
+
+    CLAIMED = "claimed"
+    HANDLING = "handling"
+    HANDLED = "handled"
+    LOST_CONFLICT = "conflict"
+    LOST_UNRENEWED = "unrenewed"
+    SETTLED = "settled"
+
+    @property
+    def lost(self) -> bool:
+        """True once the loop fenced itself off the item."""
+        return self in (Phase.LOST_CONFLICT, Phase.LOST_UNRENEWED)
+
+
+@dataclass
+class InFlight:
+    """One claimed item: its context, its latest copy (renewals update it), its task, and
+    where it stands (`Phase`)."""
+
+    ctx: OpContext
+    item: WorkItem
+    claimed_at: float
+    task: asyncio.Task[None] | None = None
+    renewal: asyncio.Task[None] | None = None
+    phase: Phase = Phase.CLAIMED
 
 
 class ClaimSignal:
