@@ -27,7 +27,7 @@ from opentelemetry.trace import Link, SpanKind, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from acme.infra.cache import CacheInterface
-from acme.om.context import AppContext, AppType, OpContext, RequestContext
+from acme.om.context import AppContext, AppType, RequestContext
 from acme.om.errors import Conflict
 from acme.om.work import WorkManagerInterface
 from acme.om.work.types.handler import WorkHandlerInterface
@@ -36,6 +36,8 @@ from acme.om.work.types.work_item import WORK_POLICIES, WorkItem, WorkKind, Work
 from acme.workers.runtime.completion import Completions
 from acme.workers.runtime.errors import failure_text
 from acme.workers.runtime.heartbeat import Heartbeat
+from acme.workers.runtime.hooks import NO_HOOKS as NO_HOOKS
+from acme.workers.runtime.hooks import ItemHooks as ItemHooks
 from acme.workers.runtime.lease import LeaseRenewal
 from acme.workers.runtime.metrics import WorkerMetrics
 from acme.workers.runtime.outage import DatabaseOutage
@@ -77,34 +79,6 @@ def span_links(traceparent: str | None) -> list[Link]:
     carrier = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
     span_context = trace.get_current_span(carrier).get_span_context()
     return [Link(span_context)] if span_context.is_valid else []
-
-
-class ItemHooks:
-    """What a worker adds around each of its items without editing the engine: subclass it,
-    override what you need, and pass an instance as the worker's `hooks` (its `loop.py`).
-
-    Every hook is a coroutine run in the item's own task, under the item's span and its
-    context. `before_item` runs inside the kind's timeout, just before the handler: raising
-    there fails the attempt as a handler's exception does (retried with backoff). The
-    others run after the fact and never change the outcome: an exception they raise is
-    logged with its traceback and counted (`worker_hook_failures_total{hook}`), then
-    dropped. `after_item` follows the handler (`error` is what it raised, None when it
-    returned), before the completion or failure is written; `on_dead_letter` follows the
-    write that made the item a dead letter (its attempts are spent).
-    """
-
-    async def before_item(self, ctx: OpContext, item: WorkItem) -> None:
-        """Before the handler runs `item` (a claimed item, its attempt already counted)."""
-
-    async def after_item(self, ctx: OpContext, item: WorkItem, error: Exception | None) -> None:
-        """After the handler ran `item`; `error` is what it raised, or None."""
-
-    async def on_dead_letter(self, ctx: OpContext, item: WorkItem) -> None:
-        """After `item` became a dead letter (`FAILED`, its attempts spent)."""
-
-
-NO_HOOKS = ItemHooks()
-"""The hooks of a worker that adds nothing around its items."""
 
 
 class WorkerLoop:
@@ -536,13 +510,7 @@ class WorkerLoop:
             flight.phase = Phase.SETTLED
             if flight.item.status == WorkStatus.FAILED:
                 self.metrics.dead_lettered.labels(kind=kind).inc()
-                log_item(
-                    logging.ERROR,
-                    "dead-lettered",
-                    flight.item,
-                    exc_info=raised,
-                    **more,
-                )
+                log_item(logging.ERROR, "dead-lettered", flight.item, exc_info=raised, **more)
                 await self._hook(
                     "on_dead_letter",
                     self._hooks.on_dead_letter(flight.ctx, flight.item),

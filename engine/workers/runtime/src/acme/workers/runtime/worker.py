@@ -27,7 +27,8 @@ from acme.workers.runtime.container import (
     outbox_stats_reader,
     parked_record_resumers,
 )
-from acme.workers.runtime.loop import NO_HOOKS, ItemHooks, WorkerLoop
+from acme.workers.runtime.hooks import NO_HOOKS, ItemHooks
+from acme.workers.runtime.loop import WorkerLoop
 from acme.workers.runtime.metrics import WorkerMetrics
 from acme.workers.runtime.outage import DatabaseOutage
 from acme.workers.runtime.queue_stats import OutboxStatsReader
