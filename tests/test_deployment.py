@@ -273,7 +273,7 @@ def test_running_below_desired_alarm_notifies_the_alarm_topic(
     assert metrics == {"RunningTaskCount", "DesiredTaskCount"}
 
 
-RUNTIME_LOOP = "workers/runtime/src/acme/workers/runtime/loop.py"
+RUNTIME_QUEUE_STATS = "workers/runtime/src/acme/workers/runtime/queue_stats.py"
 TOPIC = "${aws_sns_topic.alarms.arn}"
 SWITCH = "${var.autoscaling_enabled ? 1 : 0}"
 # The alarms on the topic: every worker's, and the database's and the outbox's, which only
@@ -290,15 +290,15 @@ OWN_ALARMS = {
 OWNER_ALARMS = {"snapshot_age", "stranded", "outbox_failing", "outbox_dead_letters"}
 
 
-def _loop_constant(host: Path, name: str) -> Any:
-    """A module-level literal of the rendered worker runtime's loop (`QUEUE_STATS_*`)."""
-    tree = ast.parse((host / RUNTIME_LOOP).read_text(encoding="utf-8"))
+def _queue_stats_constant(host: Path, name: str) -> Any:
+    """A module-level literal of the rendered worker runtime's queue stats (`QUEUE_STATS_*`)."""
+    tree = ast.parse((host / RUNTIME_QUEUE_STATS).read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.Assign) and [
             t.id for t in node.targets if isinstance(t, ast.Name)
         ] == [name]:
             return ast.literal_eval(node.value)
-    raise AssertionError(f"{RUNTIME_LOOP} defines no {name}")
+    raise AssertionError(f"{RUNTIME_QUEUE_STATS} defines no {name}")
 
 
 def _worker_resources(host: Path, env: str, answers: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -312,11 +312,11 @@ def _worker_resources(host: Path, env: str, answers: dict[str, Any], kind: str) 
 def test_metric_filters_read_the_fields_the_loop_logs_from_the_modules_log_group(
     host: Path, env: str, answers: dict[str, Any]
 ) -> None:
-    """The fields and the event are read from the rendered loop, so the two cannot drift;
-    the engine's own test checks that a sweep pass logs exactly those fields."""
+    """The fields and the event are read from the rendered runtime (`queue_stats.py`), so
+    the two cannot drift; the engine's own test checks that a sweep pass logs exactly those fields."""
     module = _module(answers)
-    fields = _loop_constant(host, "QUEUE_STATS_FIELDS")
-    event = _loop_constant(host, "QUEUE_STATS_EVENT")
+    fields = _queue_stats_constant(host, "QUEUE_STATS_FIELDS")
+    event = _queue_stats_constant(host, "QUEUE_STATS_EVENT")
     own = _locals(_parsed_worker(host, env, answers))
     metrics = own[f"{module}_queue_metrics"]
     assert {_unquote(m["field"]) for m in metrics.values()} == set(fields) - {"lane"}

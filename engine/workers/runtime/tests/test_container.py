@@ -25,7 +25,7 @@ from acme.workers.runtime.container import (
     parked_record_resumers,
     pool_options,
 )
-from acme.workers.runtime.loop import ParkedRecordsResumer
+from acme.workers.runtime.sweep import ParkedRecordsResumer
 
 
 class _Resumes:

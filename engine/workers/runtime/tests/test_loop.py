@@ -28,7 +28,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry
 from sqlalchemy.engine import make_url
 from work_fixtures import stored_row
 
@@ -45,15 +45,15 @@ from acme.om.work.types.work_item import WorkItem, WorkStatus
 from acme.workers.runtime.container import RuntimeContainer
 from acme.workers.runtime.contract import LoopContract
 from acme.workers.runtime.errors import failure_text
-from acme.workers.runtime.loop import (
+from acme.workers.runtime.loop import ItemHooks, WorkerLoop
+from acme.workers.runtime.metrics import WorkerMetrics
+from acme.workers.runtime.queue_stats import (
     OUTBOX_FAILING_AFTER,
     QUEUE_STATS_EVENT,
     QUEUE_STATS_FIELDS,
-    RESUME_LIMIT,
-    ItemHooks,
-    LoopState,
-    WorkerLoop,
 )
+from acme.workers.runtime.state import LoopState
+from acme.workers.runtime.sweep import RESUME_LIMIT, Sweep
 from acme.workers.runtime.testing import (
     APP,
     PROBE,
@@ -81,6 +81,12 @@ async def _statuses(container: RuntimeContainer, ctx: OpContext) -> list[WorkSta
     return sorted(item.status for item in items)
 
 
+def _sweep(loop: WorkerLoop) -> Sweep:
+    """The sweep `loop` runs (every loop `make_loop` builds has one)."""
+    assert loop.sweep is not None
+    return loop.sweep
+
+
 def _lost(loop: WorkerLoop, reason: str) -> float:
     return sample(loop.metrics, "worker_leases_lost_total", kind=PROBE_KIND.value, reason=reason)
 
@@ -104,6 +110,47 @@ def _replace_renewal(
 
 class TestLoopContract(LoopContract):
     """The engine's loop contract over the probe worker (`testing.PROBE`)."""
+
+
+async def test_the_loop_claims_and_completes_by_polling_with_no_sweep_and_no_wake_ups(
+    container: RuntimeContainer, tenant: OpContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep and the wake-up subscription are the loop's collaborators, not its parts:
+    a loop built without them claims what is enqueued after its first claim (found by the
+    poll alone), completes it, and starts neither task nor wake-up gauge."""
+    work = container.managers.work
+    original = work.claim_many
+    claims = Signal()
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        claims.bump()
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(work, "claim_many", counted)
+    handler = GateHandler()
+    handler.gate.set()
+    loop = WorkerLoop(
+        settings=make_settings(PROBE),
+        work=work,
+        handlers={PROBE_KIND: handler},
+        cache=container.infra.cache,
+        metrics=WorkerMetrics(CollectorRegistry()),
+    )
+    assert (loop.sweep, loop.wake_ups) == (None, None)
+
+    async with running(loop):
+        await claims.reach(1)  # the lane was empty: only the poll claims again
+        await _enqueue(container, tenant, 3)
+        await handler.finished.reach(3)
+        await loop.flush_completions()
+        names = {task.get_name() for task in asyncio.all_tasks()}
+
+    assert await _statuses(container, tenant) == [WorkStatus.COMPLETED] * 3
+    assert claims.count >= 2
+    assert not names & {"sweep", "wake-ups"}
+    assert "heartbeat" in names
+    up = loop.metrics.registry.get_sample_value("worker_wake_up_channel_up", {"channel": "topic"})
+    assert up is None
 
 
 async def test_the_gap_between_successful_renewals_spans_the_failures_between(
@@ -251,7 +298,7 @@ async def test_a_beat_whose_key_reads_back_wrong_is_a_failure(
     monkeypatch.setattr(cache, "get", lost)
     loop = make_loop()
 
-    assert await loop.beat_once() is False
+    assert await loop.heartbeat.beat_once() is False
     assert loop.state.heartbeat_failures == 1
 
 
@@ -275,10 +322,10 @@ async def test_a_beat_on_a_stale_connection_is_tried_once_more_and_a_dead_cache_
     monkeypatch.setattr(cache, "set", flaky)
     loop = make_loop()
 
-    assert await loop.beat_once() is True  # the stale connection, then a good one
+    assert await loop.heartbeat.beat_once() is True  # the stale connection, then a good one
     assert (len(calls), loop.state.heartbeat_failures) == (2, 0)
     down["dead"] = 1
-    assert await loop.beat_once() is False  # Redis down: both tries fail, one failed beat
+    assert await loop.heartbeat.beat_once() is False  # Redis down: both tries fail, one failed beat
     assert (len(calls), loop.state.heartbeat_failures) == (4, 1)
 
 
@@ -753,7 +800,7 @@ async def test_items_a_sweep_hands_back_are_claimed_without_waiting_for_the_poll
         )
         assert [i.id for _, i in pairs] == [stale.id]
         await asyncio.sleep(0.1)
-        assert (await loop.sweep_once()).get("requeue_stale") == 1
+        assert (await _sweep(loop).sweep_once()).get("requeue_stale") == 1
         await handler.finished.reach(2, within=2.0)
 
     assert handler.items == [item.id, stale.id]
@@ -874,7 +921,7 @@ async def test_a_sweep_pass_requeues_an_item_whose_lease_passed(
     loop = make_loop()
     await asyncio.sleep(0.05)  # the 10 ms lease passes (on the database's clock)
 
-    moved = await loop.sweep_once()
+    moved = await _sweep(loop).sweep_once()
 
     assert moved["requeue_stale"] == 1
     assert (await work.get(tenant, item.id)).status == WorkStatus.AVAILABLE
@@ -911,7 +958,7 @@ async def test_a_failed_completion_is_counted_and_so_is_its_recovery_by_the_swee
         kind = PROBE_KIND.value
         assert sample(loop.metrics, "worker_completions_failed_total", kind=kind) == 1
         assert (await work.get(tenant, item.id)).status == WorkStatus.CLAIMED
-        await loop.sweep_once()  # the lease has not passed: nothing to count yet
+        await _sweep(loop).sweep_once()  # the lease has not passed: nothing to count yet
         assert (
             sample(
                 loop.metrics,
@@ -925,7 +972,7 @@ async def test_a_failed_completion_is_counted_and_so_is_its_recovery_by_the_swee
         await asyncio.sleep(lease + 0.1)  # the lease passes
         # This pass hands the item back, or the loop's own first pass already did (its
         # start can be late on a busy machine): either counts the recovery once.
-        await loop.sweep_once()
+        await _sweep(loop).sweep_once()
         assert (
             sample(
                 loop.metrics,
@@ -939,7 +986,7 @@ async def test_a_failed_completion_is_counted_and_so_is_its_recovery_by_the_swee
         await loop.flush_completions()
 
     assert (await work.get(tenant, item.id)).status == WorkStatus.COMPLETED
-    await loop.sweep_once()  # nothing followed any more: counted once
+    await _sweep(loop).sweep_once()  # nothing followed any more: counted once
     assert (
         sample(
             loop.metrics,
@@ -977,8 +1024,8 @@ async def test_a_sweep_pass_writes_the_audit_entry_a_dead_letter_still_owes(
     assert await audit.list_for(tenant, "work_item", item.id) == []
     loop = make_loop()
 
-    moved = await loop.sweep_once()
-    again = await loop.sweep_once()
+    moved = await _sweep(loop).sweep_once()
+    again = await _sweep(loop).sweep_once()
 
     assert moved["audit_dead_letters"] == 1
     assert "audit_dead_letters" not in again
@@ -1008,7 +1055,7 @@ async def test_a_sweep_pass_purges_completed_items_past_their_retention(
     loop = make_loop(settings=make_settings(PROBE, completed_retention=0.01))
     await asyncio.sleep(0.05)  # the item's retention passes (on the storage's clock)
 
-    moved = await loop.sweep_once()
+    moved = await _sweep(loop).sweep_once()
 
     assert moved["purge_completed"] == 1
     assert await _statuses(container, tenant) == []
@@ -1022,7 +1069,7 @@ async def test_a_completed_retention_of_zero_keeps_completed_items(
     loop = make_loop(settings=make_settings(PROBE, completed_retention=0))
     await asyncio.sleep(0.05)
 
-    moved = await loop.sweep_once()
+    moved = await _sweep(loop).sweep_once()
 
     assert "purge_completed" not in moved
     assert await _statuses(container, tenant) == [WorkStatus.COMPLETED]
@@ -1035,7 +1082,7 @@ async def test_a_sweep_pass_sets_the_age_of_the_oldest_available_item(
     loop = make_loop()
     await asyncio.sleep(0.2)  # the items wait, on the storage's clock
 
-    await loop.sweep_once()
+    await _sweep(loop).sweep_once()
 
     lane = make_settings(PROBE).lane
     age = sample(
@@ -1055,7 +1102,7 @@ async def test_the_queue_gauges_read_zero_once_the_lane_has_nothing_in_play(
     (waiting,) = await _enqueue(container, tenant)
     loop = make_loop()
     await asyncio.sleep(0.05)
-    await loop.sweep_once()
+    await _sweep(loop).sweep_once()
     lane = make_settings(PROBE).lane
     assert sample(loop.metrics, "worker_queue_depth", lane=lane) == 1
     work = container.managers.work
@@ -1065,7 +1112,7 @@ async def test_the_queue_gauges_read_zero_once_the_lane_has_nothing_in_play(
     assert pair[1].id == waiting.id
     await work.complete(*pair)
 
-    await loop.sweep_once()
+    await _sweep(loop).sweep_once()
 
     assert sample(loop.metrics, "worker_queue_depth", lane=lane) == 0
     age = sample(
@@ -1101,9 +1148,9 @@ async def test_a_sweep_pass_resumes_parked_records_through_every_resumer_per_ten
     orders, invoices = _ParkedRecords(due=RESUME_LIMIT + 2), _ParkedRecords(due=3)
     loop = make_loop(parked={"orders": orders, "invoices": invoices})
 
-    first = await loop.sweep_once()
-    second = await loop.sweep_once()
-    third = await loop.sweep_once()
+    first = await _sweep(loop).sweep_once()
+    second = await _sweep(loop).sweep_once()
+    third = await _sweep(loop).sweep_once()
 
     assert first["resume_parked"] == RESUME_LIMIT + 3
     assert second["resume_parked"] == 2  # the rest of `orders` waited one pass
@@ -1133,8 +1180,8 @@ async def test_a_resumer_of_the_wrong_shape_is_a_failed_step_not_a_dead_sweep(
     await _enqueue(container, tenant)
     loop = make_loop(parked={"odd": resumer})
 
-    moved = await loop.sweep_once()
-    again = await loop.sweep_once()
+    moved = await _sweep(loop).sweep_once()
+    again = await _sweep(loop).sweep_once()
 
     assert moved == again == {}
     assert sample(loop.metrics, "worker_sweep_errors_total", step="resume_parked") == 2
@@ -1160,10 +1207,10 @@ async def test_a_failing_sweep_step_logs_its_traceback_once_then_one_line_per_pa
     loop = make_loop()
     with caplog.at_level(logging.INFO):
         for _ in range(3):
-            await loop.sweep_once()
+            await _sweep(loop).sweep_once()
         broken = False
-        await loop.sweep_once()
-        await loop.sweep_once()
+        await _sweep(loop).sweep_once()
+        await _sweep(loop).sweep_once()
 
     about = [r for r in caplog.records if "relay_pending" in r.getMessage()]
     assert [(r.levelno, r.exc_info is not None) for r in about] == [
@@ -1317,7 +1364,7 @@ async def test_a_step_past_its_bound_is_cancelled_and_the_pass_goes_on(
     )
 
     with caplog.at_level(logging.ERROR):
-        moved = await asyncio.wait_for(loop.sweep_once(), timeout=5)
+        moved = await asyncio.wait_for(_sweep(loop).sweep_once(), timeout=5)
 
     assert hung.cancelled
     assert moved == {"resume_parked": 2}
@@ -1338,7 +1385,7 @@ async def test_a_failing_resumer_is_counted_and_logged_and_stops_no_other_step(
     loop = make_loop(parked={"broken": broken, "healthy": healthy})
 
     with caplog.at_level(logging.ERROR):
-        moved = await loop.sweep_once()
+        moved = await _sweep(loop).sweep_once()
 
     assert moved == {"resume_parked": 2}
     assert broken.calls == [(tenant.org_id, RESUME_LIMIT)]
@@ -1393,11 +1440,11 @@ async def test_a_sweep_pass_sets_the_outbox_gauges_from_the_hosts_relay(
     loop = make_loop(outbox_stats=report)
     assert _outbox_gauges(loop) == [None] * 4  # nothing exported before the first read
 
-    await loop.sweep_once()
+    await _sweep(loop).sweep_once()
     assert _outbox_gauges(loop) == [7, 42.5, 2, 1]
 
     report.stats = _Outbox(pending=0, oldest_pending_age=0, failing=0, dead_lettered=3)
-    await loop.sweep_once()
+    await _sweep(loop).sweep_once()
     assert _outbox_gauges(loop) == [0, 0, 0, 3]
     assert report.calls == [OUTBOX_FAILING_AFTER] * 2
     assert sample(loop.metrics, "worker_sweep_errors_total", step="outbox_stats") == 0
@@ -1424,7 +1471,7 @@ async def test_an_outbox_report_that_fails_or_is_malformed_is_a_failed_step_and_
     loop = make_loop(outbox_stats=report)
 
     with caplog.at_level(logging.ERROR):
-        await loop.sweep_once()
+        await _sweep(loop).sweep_once()
 
     assert _outbox_gauges(loop) == [None] * 4
     assert sample(loop.metrics, "worker_sweep_errors_total", step="outbox_stats") == 1
@@ -1435,14 +1482,15 @@ async def test_an_outbox_report_that_fails_or_is_malformed_is_a_failed_step_and_
 def count_sweeps(loop: WorkerLoop) -> Signal:
     """A `Signal` bumped after each of `loop`'s sweep passes."""
     passes = Signal()
-    sweep_once = loop.sweep_once
+    sweep = _sweep(loop)
+    sweep_once = sweep.sweep_once
 
     async def counted() -> dict[str, int]:
         moved = await sweep_once()
         passes.bump()
         return moved
 
-    loop.sweep_once = counted  # type: ignore[method-assign]
+    sweep.sweep_once = counted  # type: ignore[method-assign]
     return passes
 
 
@@ -1496,10 +1544,10 @@ async def test_a_sweep_pass_logs_one_queue_stats_line_with_the_fields_the_alarms
 
     try:
         with caplog.at_level(logging.INFO):
-            await loop.sweep_once()
+            await _sweep(loop).sweep_once()
             loop.state.wake_ups_up = True
             loop.metrics.claim_failures.inc()
-            await loop.sweep_once()
+            await _sweep(loop).sweep_once()
     finally:
         snapshot.remove("queue_stats_line")
 
@@ -1609,7 +1657,7 @@ async def test_a_queue_stats_line_leaves_out_what_its_pass_could_not_read(
     loop = make_loop(outbox_stats=None)
 
     with caplog.at_level(logging.INFO):
-        await loop.sweep_once()
+        await _sweep(loop).sweep_once()
 
     [line] = _queue_stats_lines(caplog)
     assert set(line) == {
@@ -1662,14 +1710,14 @@ async def test_the_oldest_snapshot_gauge_rises_while_a_session_holds_one_and_fal
         await holder.fetchval("SELECT 1")  # the snapshot is taken by the first statement
         await burn(50)
         with caplog.at_level(logging.INFO):
-            await loop.sweep_once()
+            await _sweep(loop).sweep_once()
         held = gauge()
         await burn(20)
-        await loop.sweep_once()
+        await _sweep(loop).sweep_once()
         still_held = gauge()
         await holding.commit()
         await burn(1)
-        await loop.sweep_once()
+        await _sweep(loop).sweep_once()
         released = gauge()
     finally:
         await holder.close()

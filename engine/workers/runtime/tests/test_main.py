@@ -36,12 +36,9 @@ from acme.workers.runtime import API_VERSION, OWNER
 from acme.workers.runtime.cli import ENQUEUED_ACTION
 from acme.workers.runtime.container import RuntimeContainer
 from acme.workers.runtime.errors import escape_log_output
-from acme.workers.runtime.loop import (
-    LoopState,
-    liveness_key,
-)
 from acme.workers.runtime.server import _bind, _describe, create_app
 from acme.workers.runtime.settings import INFRA_PREFIX
+from acme.workers.runtime.state import LoopState, liveness_key
 from acme.workers.runtime.testing import (
     APP,
     PROBE,
@@ -520,7 +517,7 @@ async def test_redis_carries_no_payload_and_no_tenant_data(
     scope, and its value is a random token per beat."""
     assert set(WorkAvailablePayload.model_fields) == {"lane", "kind"}
     loop = make_loop()
-    assert await loop.beat_once()
+    assert await loop.heartbeat.beat_once()
     key = liveness_key(loop.worker_id)
     assert key == f"{EMPTY_UUID}:{loop.worker_id}"
     value = await container.infra.cache.get(CacheScope.WORKER_LIVENESS, key)

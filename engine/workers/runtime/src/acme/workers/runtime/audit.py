@@ -8,7 +8,7 @@ appends"), the container hands the handlers a `GroupCommitAudit` over it instead
 or raises what writing it raised; but the appends that arrive while one batch is being
 written go out together in the next, one `append_many` per tenant. An idle worker writes
 an entry at once; a busy one pays one session per batch. The loop writes its completions
-the same way (`WorkerLoop._complete_later`); see docs/performance.md for what it buys.
+the same way (`completion.Completions`); see docs/performance.md for what it buys.
 """
 
 from __future__ import annotations

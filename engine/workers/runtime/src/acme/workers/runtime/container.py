@@ -31,8 +31,9 @@ from acme.om.storage.root import StorageRootInterface
 from acme.om.work.types.handler import WorkHandlerInterface
 from acme.om.work.types.work_item import WorkKind
 from acme.workers.runtime.audit import AuditBatchAppender, GroupCommitAudit
-from acme.workers.runtime.loop import OutboxStatsReader, ParkedRecordsResumer
+from acme.workers.runtime.queue_stats import OutboxStatsReader
 from acme.workers.runtime.settings import RuntimeSettings, embedded_database_url
+from acme.workers.runtime.sweep import ParkedRecordsResumer
 
 Handlers = Callable[[Managers], Mapping[WorkKind, WorkHandlerInterface]]
 """A worker's handlers: built from the managers, one handler per kind the worker runs."""

@@ -25,7 +25,8 @@ from acme.om.context import OpContext
 from acme.om.errors import Conflict
 from acme.om.work.types.work_item import WorkItem, WorkStatus
 from acme.workers.runtime.container import RuntimeContainer
-from acme.workers.runtime.loop import WorkerLoop, liveness_key
+from acme.workers.runtime.loop import WorkerLoop
+from acme.workers.runtime.state import liveness_key
 from acme.workers.runtime.testing import (
     FakeClock,
     GateHandler,

@@ -34,8 +34,8 @@ from acme.workers.runtime.container import (
     parked_record_resumers,
 )
 from acme.workers.runtime.errors import one_line, transient_database_error
-from acme.workers.runtime.loop import LoopState
 from acme.workers.runtime.settings import RuntimeSettings, embedded_database_file
+from acme.workers.runtime.state import LoopState
 
 if TYPE_CHECKING:
     from acme.workers.runtime.worker import Worker

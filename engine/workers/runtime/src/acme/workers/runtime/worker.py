@@ -7,13 +7,19 @@ A worker's `loop.py` builds one `Worker` (its `WORKER`), and its `main.py` expos
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from acme.om.work.types.work_item import WorkKind
+from acme.infra.cache import CacheInterface
+from acme.infra.topics import TopicsInterface
+from acme.om.outbox import OutboxRelayInterface
+from acme.om.work import WorkManagerInterface
+from acme.om.work.types.handler import WorkHandlerInterface
+from acme.om.work.types.policy import KindPolicy
+from acme.om.work.types.work_item import WORK_POLICIES, WorkKind
 from acme.workers.runtime import API_VERSION, OWNER
 from acme.workers.runtime.container import (
     RuntimeContainer,
@@ -21,9 +27,15 @@ from acme.workers.runtime.container import (
     outbox_stats_reader,
     parked_record_resumers,
 )
-from acme.workers.runtime.loop import NO_HOOKS, ItemHooks, WorkerLoop
+from acme.workers.runtime.hooks import NO_HOOKS, ItemHooks
+from acme.workers.runtime.loop import WorkerLoop
 from acme.workers.runtime.metrics import WorkerMetrics
+from acme.workers.runtime.outage import DatabaseOutage
+from acme.workers.runtime.queue_stats import OutboxStatsReader
 from acme.workers.runtime.settings import RuntimeSettings
+from acme.workers.runtime.state import ClaimSignal, LoopState, new_worker_id
+from acme.workers.runtime.sweep import ParkedRecordsResumer, Sweep, UnwrittenWrites
+from acme.workers.runtime.wake import wake_ups_for
 
 GC_YOUNG_THRESHOLD = 50_000
 """Allocations, less deallocations, between two collections of the cyclic garbage
@@ -78,11 +90,11 @@ class Worker:
         registry: CollectorRegistry,
         **overrides: Any,
     ) -> WorkerLoop:
-        """This worker's `WorkerLoop` over `container`, its metrics on `registry`, the
-        host's parked-record resumers and outbox report taking part (each shape checked, and
-        the audit manager's `append_many`: raises `HostContractError`). `overrides`
-        replace any of the loop's keyword arguments (`worker_id`, `clock`, `handlers`,
-        `parked`, ...), for tests.
+        """This worker's `WorkerLoop` over `container` with its sweep and wake-up
+        subscription (`wire_loop`), its metrics on `registry`, the host's parked-record
+        resumers and outbox report taking part (each shape checked, and the audit manager's
+        `append_many`: raises `HostContractError`). `overrides` replace any of `wire_loop`'s
+        keyword arguments (`worker_id`, `clock`, `handlers`, `parked`, ...), for tests.
         """
         check_audit_batches(container.managers)
         arguments: dict[str, Any] = {
@@ -97,7 +109,7 @@ class Worker:
             "outbox_stats": outbox_stats_reader(container.managers),
             "hooks": self.hooks,
         }
-        return WorkerLoop(**(arguments | overrides))
+        return wire_loop(**(arguments | overrides))
 
     def cli(self, argv: Sequence[str] | None = None) -> None:
         """The worker's console command (`runtime.cli.run`); see there for the exit codes.
@@ -109,3 +121,73 @@ class Worker:
         from acme.workers.runtime.cli import run  # the CLI imports this module
 
         run(self, argv)
+
+
+def wire_loop(
+    *,
+    settings: RuntimeSettings,
+    work: WorkManagerInterface,
+    handlers: Mapping[WorkKind, WorkHandlerInterface],
+    cache: CacheInterface,
+    topics: TopicsInterface,
+    outbox_relay: OutboxRelayInterface,
+    metrics: WorkerMetrics,
+    parked: Mapping[str, ParkedRecordsResumer] | None = None,
+    outbox_stats: OutboxStatsReader | None = None,
+    worker_id: str | None = None,
+    kinds: Sequence[WorkKind] | None = None,
+    policies: Mapping[WorkKind, KindPolicy] = WORK_POLICIES,
+    **loop: Any,
+) -> WorkerLoop:
+    """A `WorkerLoop` with its collaborators: the `Sweep` and the wake-up subscription
+    (`wake.wake_ups_for`), sharing its state, claim signal, outage and unwritten writes.
+    `loop` holds the loop's other keyword arguments (`clock`, `tracer`, `hooks`)."""
+    worker_id = worker_id or new_worker_id()
+    kinds = list(kinds) if kinds is not None else list(handlers)
+    state = LoopState(
+        heartbeat_failure_limit=settings.heartbeat_failure_limit,
+        claim_failure_limit=settings.claim_failure_limit,
+    )
+    signal = ClaimSignal()
+    outage = DatabaseOutage(settings, state)
+    unwritten = UnwrittenWrites()
+    sweep = Sweep(
+        settings=settings,
+        work=work,
+        outbox_relay=outbox_relay,
+        metrics=metrics,
+        kinds=kinds,
+        worker_id=worker_id,
+        parked=parked,
+        outbox_stats=outbox_stats,
+        policies=policies,
+        state=state,
+        outage=outage,
+        unwritten=unwritten,
+    )
+    wake_ups = wake_ups_for(
+        settings=settings,
+        work=work,
+        topics=topics,
+        kinds=kinds,
+        metrics=metrics,
+        state=state,
+        signal=signal,
+    )
+    return WorkerLoop(
+        settings=settings,
+        work=work,
+        handlers=handlers,
+        cache=cache,
+        metrics=metrics,
+        sweep=sweep,
+        wake_ups=wake_ups,
+        state=state,
+        signal=signal,
+        outage=outage,
+        unwritten=unwritten,
+        worker_id=worker_id,
+        kinds=kinds,
+        policies=policies,
+        **loop,
+    )
