@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,7 +25,6 @@ from sqlalchemy import (
     TextClause,
     TextualSelect,
     Update,
-    event,
     func,
     literal,
     select,
@@ -34,10 +32,7 @@ from sqlalchemy import (
     type_coerce,
 )
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.pool import PoolProxiedConnection
-from sqlalchemy.util import greenlet_spawn
 
 from acme.om.storage.funnel import StorageFunnel
 from acme.om.storage.roles import DatabaseRole
@@ -48,6 +43,12 @@ from acme.om.work.storage import (
     Created,
     NewItems,
     WakeUps,
+)
+from acme.om.work.storage.impl.held_connections import (
+    HELD_IDLE_S,
+    HeldConnection,
+    HeldConnections,
+    Unsent,
 )
 from acme.om.work.storage.impl.sql import (
     SqlWorkStorage,
@@ -281,11 +282,6 @@ def _new_values(org_id: UUID, items: NewItems) -> list[Any]:
 # reserves one connection for each of them.
 HELD_CONNECTIONS = 2
 
-# A held connection unused this long (s) goes back to its pool: a process holds queue
-# connections only while the queue's calls keep coming (a service enqueuing now and then
-# holds none between its calls).
-HELD_IDLE_S = 1.0
-
 # A claim on a held connection the server has not answered this long (s) past its
 # `statement_timeout` (its lease) fails with `TimeoutError` and the connection is closed:
 # the server cancels a statement at its timeout, so a claim still unanswered after it is
@@ -410,7 +406,7 @@ class PostgresWorkStorage(SqlWorkStorage):
     ) -> None:
         super().__init__(funnel)
         engine = getattr(funnel, "engine", None)
-        self._held = (
+        self._connections = (
             HeldConnections(
                 engine(DatabaseRole.QUEUE), held, idle_s=held_idle_s, session_scope=session_scope
             )
@@ -432,13 +428,13 @@ class PostgresWorkStorage(SqlWorkStorage):
         an item whose id the session then finds stored is reported as created (`created`
         True) when the held insert wrote it or may have (it was sent and no answer came:
         its rows are this call's unless the caller sent an id stored before the call)."""
-        if self._held is None or not items:
+        if self._connections is None or not items:
             return await super().create_items(org_id, items)
         written: set[UUID] = set()  # by the held insert, or maybe (sent, never answered)
-        with contextlib.suppress(*_DRIVER_ERRORS, _Unsent):
-            async with self._held.statements(org_id) as held:
-                if held is not None:
-                    return await _create_items_on(held, org_id, items, written)
+        with contextlib.suppress(*_DRIVER_ERRORS, Unsent):
+            async with self._connections.statements(org_id) as conn:
+                if conn is not None:
+                    return await _create_items_on(conn, org_id, items, written)
         results = await super().create_items(org_id, items)
         # An id the held insert wrote and the session found stored: that row is this call's.
         return [
@@ -456,14 +452,14 @@ class PostgresWorkStorage(SqlWorkStorage):
         if not items.ids:
             return set()
         written: set[UUID] = set()  # by the held insert, or maybe (sent, never answered)
-        if self._held is not None:
-            with contextlib.suppress(*_DRIVER_ERRORS, _Unsent):
-                async with self._held.statements(org_id) as held:
-                    if held is not None:
+        if self._connections is not None:
+            with contextlib.suppress(*_DRIVER_ERRORS, Unsent):
+                async with self._connections.statements(org_id) as conn:
+                    if conn is not None:
                         written.update(items.ids)
                         try:
-                            rows = await held.fetch(_NEW_SQL, *_new_values(org_id, items))
-                        except _Unsent:
+                            rows = await conn.fetch(_NEW_SQL, *_new_values(org_id, items))
+                        except Unsent:
                             written.clear()  # never sent: nothing of it was written
                             raise
                         return {row[0] for row in rows}
@@ -499,42 +495,42 @@ class PostgresWorkStorage(SqlWorkStorage):
         fails the claim instead of stalling every later one. A connection that stops
         answering is given `CLAIM_TIMEOUT_GRACE_S` more: then `TimeoutError`, and the
         connection is closed."""
-        if self._held is None or not kinds or limit < 1:
+        if self._connections is None or not kinds or limit < 1:
             return await super().claim_next(lane, kinds, worker_id, lease, limit=limit)
         sql = self._claim_sqls.get(len(kinds))
         if sql is None:
             sql = self._claim_sqls[len(kinds)] = _claim_sql(len(kinds))
         try:
-            async with self._held.statements(EMPTY_UUID, timeout_s=lease) as held:
-                if held is None:
+            async with self._connections.statements(EMPTY_UUID, timeout_s=lease) as conn:
+                if conn is None:
                     return await super().claim_next(lane, kinds, worker_id, lease, limit=limit)
                 kind_values = [kind.value for kind in kinds]
                 timeout_s = lease + CLAIM_TIMEOUT_GRACE_S
-                rows = await held.fetch(
+                rows = await conn.fetch(
                     sql, lane, limit, worker_id, lease, *kind_values, timeout_s=timeout_s
                 )
                 read = rows_read([dict(row) for row in rows])
-                dead = [await _dead_letter_unreadable(held, row) for row in read.unreadable]
-        except _Unsent:
+                dead = [await _dead_letter_unreadable(conn, row) for row in read.unreadable]
+        except Unsent:
             return await super().claim_next(lane, kinds, worker_id, lease, limit=limit)
         items = sorted(read, key=lambda i: (i.available_at, i.id))
         return WorkRows(items, [row for row in dead if row is not None])
 
-    async def complete_items(self, org_id: UUID, held: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
+    async def complete_items(self, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
         """See `SqlWorkStorage.complete_items`: the same statement, each row fenced on its
         own token (joined to the `(id, claim_token)` pairs), under tenant `org_id`, on a held
         connection when one is free."""
-        if self._held is None or not held:
-            return await super().complete_items(org_id, held)
-        ids = [item_id for item_id, _ in held]
-        tokens = [token for _, token in held]
+        if self._connections is None or not claims:
+            return await super().complete_items(org_id, claims)
+        ids = [item_id for item_id, _ in claims]
+        tokens = [token for _, token in claims]
         try:
-            async with self._held.statements(org_id) as conn:
+            async with self._connections.statements(org_id) as conn:
                 if conn is None:
-                    return await super().complete_items(org_id, held)
+                    return await super().complete_items(org_id, claims)
                 return {row[0] for row in await conn.fetch(_COMPLETE_SQL, ids, tokens, org_id)}
-        except _Unsent:
-            return await super().complete_items(org_id, held)
+        except Unsent:
+            return await super().complete_items(org_id, claims)
 
     def _now(self) -> ColumnElement[datetime]:
         return type_coerce(func.statement_timestamp(), UtcDateTime)
@@ -675,7 +671,7 @@ async def _listen(engine: AsyncEngine) -> AsyncIterator[AsyncIterator[tuple[str,
 
 
 async def _create_items_on(
-    held: _Held, org_id: UUID, items: Sequence[WorkItem], written: set[UUID]
+    conn: HeldConnection, org_id: UUID, items: Sequence[WorkItem], written: set[UUID]
 ) -> list[Created]:
     """`SqlWorkStorage.create_items` on a held connection. `written` holds every item's id
     while the insert is on its way (it may have been written whatever becomes of the
@@ -684,8 +680,8 @@ async def _create_items_on(
     values = form.values(org_id, items, one=one)
     written.update(item.id for item in items)
     try:
-        rows = await held.fetch(_INSERT_SQL[form, one], *values)
-    except _Unsent:
+        rows = await conn.fetch(_INSERT_SQL[form, one], *values)
+    except Unsent:
         written.clear()  # never sent: nothing of it was written
         raise
     available = {row[0]: row[1] for row in rows}
@@ -695,15 +691,15 @@ async def _create_items_on(
     if missing:
         ids = [item.id for item in missing]
         keys = [item.idempotency_key for item in missing if item.idempotency_key is not None]
-        holders = await held.fetch(_HOLDERS_SQL, org_id, ids, keys)
+        holders = await conn.fetch(_HOLDERS_SQL, org_id, ids, keys)
         found = [row_to_item(dict(row)) for row in holders]
     return created_items(org_id, items, available, found)
 
 
-async def _dead_letter_unreadable(held: _Held, row: UnreadableRow) -> UnreadableRow | None:
+async def _dead_letter_unreadable(conn: HeldConnection, row: UnreadableRow) -> UnreadableRow | None:
     """`SqlWorkStorage._dead_letter_unreadable` on a held connection, after the claim: the
     row as written, None when the fence no longer matched."""
-    written = await held.fetch(
+    written = await conn.fetch(
         _UNREADABLE_SQL,
         row.id,
         row.org_id,
@@ -713,366 +709,3 @@ async def _dead_letter_unreadable(held: _Held, row: UnreadableRow) -> Unreadable
     if not written:
         return None
     return UnreadableRow(row.id, row.org_id, row.column, row.reason, dict(written[0]))
-
-
-# The longest `statement_timeout` PostgreSQL takes (ms; a 32-bit int, about 24.8 days): a
-# longer lease is given this one.
-_MAX_TIMEOUT_MS = 2_147_483_647
-
-# What a held connection's session is set to: the tenant (a UUID's own text) and the
-# `statement_timeout` in ms (None: the role's own).
-_Scope = tuple[str, int | None]
-
-
-def _transaction_sql(scope: _Scope) -> str:
-    """The simple query (one round trip) that opens a transaction under `scope`, set for
-    the transaction alone."""
-    tenant, timeout_ms = scope
-    timeout = (
-        "" if timeout_ms is None else f", set_config('statement_timeout', '{timeout_ms}', true)"
-    )
-    return f"BEGIN; SELECT set_config('app.org_id', '{tenant}', true){timeout}"
-
-
-def _scope_sql(scope: _Scope) -> str:
-    """The simple query (one round trip) that sets a session to `scope`."""
-    tenant, timeout_ms = scope
-    if timeout_ms is None:
-        return f"RESET statement_timeout; SELECT set_config('app.org_id', '{tenant}', false)"
-    return (
-        f"SELECT set_config('app.org_id', '{tenant}', false),"
-        f" set_config('statement_timeout', '{timeout_ms}', false)"
-    )
-
-
-@dataclass(eq=False)
-class _Held:
-    """A connection `HeldConnections` holds: the pool's proxy, its asyncpg connection,
-    whether it reaches the server directly, what its session is set to (`_Scope`; None
-    before the first call sets it, and always through a proxy) and when it was last given
-    back (the event loop's clock, s)."""
-
-    proxy: PoolProxiedConnection
-    raw: asyncpg.Connection
-    direct: bool  # straight to the server: its session may carry the scope
-    scope: _Scope | None = None
-    idle_since: float = 0.0
-    sent: bool = False  # whether the current call has sent a statement
-
-    async def fetch(self, sql: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
-        """`asyncpg.Connection.fetch` (the rows as `asyncpg.Record`s); raises `_Unsent`
-        when the call's first statement could not be sent: asyncpg found its connection in
-        another operation's state (`InternalClientError` "cannot switch to state ...",
-        raised before a message is written; the server ended the connection and asyncpg
-        has not yet seen the socket close), so the call may run in a funnel session."""
-        first, self.sent = not self.sent, True
-        try:
-            return await self.raw.fetch(sql, *args, timeout=timeout_s)
-        except asyncpg.InternalClientError as exc:
-            if first and type(exc) is asyncpg.InternalClientError and _NOT_SENT in str(exc):
-                raise _Unsent(str(exc)) from exc
-            raise
-
-
-# How asyncpg words the `InternalClientError` of a statement it refused to send.
-_NOT_SENT = "cannot switch to state"
-
-
-class _Unsent(Exception):
-    """A call's first statement on a held connection was never sent (`_Held.fetch`)."""
-
-
-async def _rolled_back(raw: asyncpg.Connection) -> bool:
-    """`ROLLBACK` on `raw` after the server refused a statement of its transaction; False
-    when the rollback fails too (the caller then closes it)."""
-    try:
-        await raw.execute("ROLLBACK")
-    except Exception:
-        return False
-    return True
-
-
-class HeldConnections:
-    """Up to `limit` connections of `engine`'s pool, checked out and kept for the queue's
-    busiest statements (the enqueue, the claim, the completions), each statement its own
-    transaction (autocommit) under the tenant its connection's session is set to.
-
-    A funnel session costs SQLAlchemy's checkout, its engine and its greenlet bridge around
-    four round trips: about 0.6 ms of CPU here, where the statement itself costs 0.07
-    (docs/performance.md, the cost model). On a held connection the statement is one round
-    trip: asyncpg's prepared statement, alone. The tenant row-level security reads
-    (`app.org_id`), and the claim's `statement_timeout`, are set on the connection's
-    session (`set_config(..., false)`, one round trip) by the first call that needs them
-    and kept while calls with the same needs follow (a call takes the idle connection
-    already set as it needs when there is one): the claim's system scope stays set on the
-    claim's connection, a completion's tenant on the completion's. Nothing of it leaves the
-    storage: a held connection goes back to its pool only after `RESET app.org_id; RESET
-    statement_timeout` (closed when the reset fails), and a connection that fails is
-    closed, never given back (docs/decisions/0022).
-
-    A session's settings are the session's only on a connection straight to the server. A
-    connection pooler in transaction mode (PgBouncer's `pool_mode = transaction`, and
-    the like) runs each statement on whichever server connection is free, where a session
-    setting would reach other clients and miss the next statement. So a connection whose
-    server process (`pg_backend_pid()`, asked once when it is checked out) is not the one
-    the connection was opened with (`asyncpg.Connection.get_server_pid()`: a pooler hands
-    its clients its own) runs each call as one transaction instead, three round trips:
-    `BEGIN` with the tenant (and the timeout) set for the transaction alone
-    (`set_config(..., true)`), the caller's statements, `COMMIT`. `session_scope=False`
-    does the same for every connection (a proxy that passes the server's process id
-    through); True trusts every connection to be direct. Within one of its transactions
-    a session of the host sets the tenant itself (docs/host-contract.md, Storage funnel),
-    which overrides the session's value.
-
-    A held connection whose statement the server refused (`asyncpg.PostgresError`: a
-    privilege, a constraint) is kept (autocommit leaves no transaction open); one that fails
-    otherwise or is cancelled during a call is closed, never reused; one found closed before
-    the caller's statement ran (the server ended it while it sat idle: asyncpg saw the
-    socket close) or failing as its new tenant is set makes `statements` yield None, so the
-    caller takes a funnel session instead and its statement runs exactly once. A connection
-    that fails during the caller's statement raises what asyncpg raises: whether that
-    statement committed is unknown (docs/decisions/0022). Disposing of the engine (the
-    funnel's `dispose()`) closes the idle ones and each busy one as it finishes.
-
-    A connection is held only while calls keep coming and the pool can spare it: one unused
-    for `idle_s` seconds (`HELD_IDLE_S`) goes back to the pool; a connection is checked out
-    to be held only while the pool would still have another to hand out, and one whose call
-    ends while every connection of the pool's size is checked out (itself included) goes
-    back at once, as does an idle one when another checkout (a session of the host) takes
-    the pool's last free connection. So a process that enqueues now and then holds nothing
-    between its calls, a pool of one connection is never held, and a session of the host
-    waits for a held connection at most as long as one call on it and its reset.
-    """
-
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        limit: int,
-        *,
-        idle_s: float = HELD_IDLE_S,
-        session_scope: bool | None = None,
-    ) -> None:
-        self._engine = engine
-        self._session_scope = session_scope
-        self._limit = limit
-        self._idle_s = idle_s
-        self._idle: list[_Held] = []  # the most recently given back last
-        self._count = 0  # held: idle, in a call, or being checked out
-        self._generation = 0  # bumped by every dispose of the engine
-        self._listening = False
-        self._watching = False
-        self._sweep: asyncio.TimerHandle | None = None
-        self._checking_in: set[asyncio.Task[None]] = set()
-
-    @asynccontextmanager
-    async def statements(
-        self, org_id: UUID, *, timeout_s: float | None = None
-    ) -> AsyncIterator[_Held | None]:
-        """A held connection under the tenant `org_id` (and, given `timeout_s`, a
-        `statement_timeout` of that many seconds; else the role's own): each statement the
-        caller sends its own transaction, or, through a proxy, all of them one transaction
-        committed when the block ends; None when no connection is free (the caller opens a
-        funnel session).
-
-        Raises what asyncpg raises from the caller's statements (a transaction is then
-        rolled back), and `_Unsent` when the first of them could not be sent (the
-        connection is closed either way).
-        """
-        # A UUID's own text: nothing else reaches the SQL.
-        tenant = str(org_id) if type(org_id) is UUID else str(UUID(str(org_id)))
-        timeout_ms = (
-            None if timeout_s is None else min(max(1, math.ceil(timeout_s * 1000)), _MAX_TIMEOUT_MS)
-        )
-        scope: _Scope = (tenant, timeout_ms)
-        held = await self._take(scope)
-        if held is None:
-            yield None
-            return
-        generation = self._generation
-        if held.raw.is_closed():  # the server ended it while it sat idle
-            self._drop(held)
-            yield None
-            return
-        opening = (
-            _transaction_sql(scope)
-            if not held.direct
-            else (_scope_sql(scope) if held.scope != scope else None)
-        )
-        if opening is not None:
-            try:
-                await held.raw.execute(opening)
-                opened = True
-            except Exception:
-                opened = False  # dropped while it sat idle: nothing of the caller's ran yet
-            except BaseException:
-                self._drop(held)
-                raise
-            if not opened:
-                self._drop(held)
-                yield None
-                return
-            if held.direct:
-                held.scope = scope
-        held.sent = False
-        try:
-            yield held
-            if not held.direct:
-                await held.raw.execute("COMMIT")
-        except asyncpg.PostgresError:
-            # The server refused a statement (a privilege, a constraint, a timeout): the
-            # connection itself may be sound, so it is kept when nothing is left open (a
-            # statement that ran alone) or its transaction rolls back.
-            kept = False
-            try:
-                kept = not held.raw.is_closed() and (
-                    not held.raw.is_in_transaction() or await _rolled_back(held.raw)
-                )
-            finally:
-                if kept:
-                    self._give_back(held, generation)
-                else:
-                    self._drop(held)
-            raise
-        except BaseException:
-            self._drop(held)
-            raise
-        self._give_back(held, generation)
-
-    def _give_back(self, held: _Held, generation: int) -> None:
-        """Keep `held` for the next call, unless the engine was disposed meanwhile (closed)
-        or every connection of its pool's size is checked out, `held` included (checked in
-        at once: a session of the host may be waiting for it, or will be)."""
-        if generation != self._generation:
-            self._drop(held)
-            return
-        if not self._pool_can_spare(taking=0):
-            self._check_in(held)  # held, it would leave the pool no connection to hand out
-            return
-        loop = asyncio.get_running_loop()
-        held.idle_since = loop.time()
-        self._idle.append(held)
-        if self._sweep is None:
-            self._sweep = loop.call_later(self._idle_s, self._check_in_unused)
-
-    def _pool_can_spare(self, *, taking: int) -> bool:
-        """Whether the pool would still have a connection to hand out with `taking` more
-        checked out (those held included): below its size (`QueuePool.size()`, overflow
-        aside). A pool without a size (`NullPool`) always can."""
-        pool = self._engine.sync_engine.pool
-        size, checked_out = getattr(pool, "size", None), getattr(pool, "checkedout", None)
-        if not callable(size) or not callable(checked_out):
-            return True
-        return int(checked_out()) + taking < int(size())
-
-    def _on_checkout(self, _dbapi: object, _record: object, _proxy: object) -> None:
-        """The pool's `checkout` event: a checkout (a session of the host, say) that leaves
-        the pool no connection to hand out gives back the least recently used idle held
-        connection at once, so the next session waits for its reset, not for `idle_s`."""
-        if not self._idle or self._pool_can_spare(taking=0):
-            return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return  # a checkout outside the event loop's thread: the sweep gives it back
-        self._check_in(self._idle.pop(0))
-
-    def _check_in_unused(self) -> None:
-        """The sweep's timer: check in every connection idle for `idle_s`, and set the timer
-        again for the next one while any is idle."""
-        self._sweep = None
-        loop = asyncio.get_running_loop()
-        cutoff = loop.time() - self._idle_s
-        unused = [held for held in self._idle if held.idle_since <= cutoff]
-        self._idle = [held for held in self._idle if held.idle_since > cutoff]
-        for held in unused:
-            self._check_in(held)
-        if self._idle:
-            soonest = min(held.idle_since for held in self._idle) + self._idle_s
-            self._sweep = loop.call_at(soonest, self._check_in_unused)
-
-    def _check_in(self, held: _Held) -> None:
-        """Give `held` back to its pool with its session's tenant and statement timeout
-        reset (in a task: both await the driver); a reset or check-in that fails closes
-        it."""
-        self._count -= 1
-
-        async def check_in() -> None:
-            try:
-                if held.scope is not None:
-                    await held.raw.execute("RESET app.org_id; RESET statement_timeout")
-                    held.scope = None
-                await greenlet_spawn(held.proxy.close)
-            except Exception:
-                with contextlib.suppress(Exception):
-                    held.proxy.invalidate()
-                    held.proxy.close()
-
-        task = asyncio.get_running_loop().create_task(check_in())
-        self._checking_in.add(task)
-        task.add_done_callback(self._checking_in.discard)
-
-    async def _take(self, scope: _Scope) -> _Held | None:
-        for n in range(len(self._idle) - 1, -1, -1):
-            if self._idle[n].scope == scope:
-                return self._idle.pop(n)
-        if self._idle:
-            # The most recently used: under a light load the others stay unused and go
-            # back to the pool.
-            return self._idle.pop()
-        if self._count >= self._limit or not self._pool_can_spare(taking=1):
-            return None  # the caller takes a funnel session, waiting as sessions do
-        if not self._listening:
-            event.listen(self._engine.sync_engine, "engine_disposed", self._disposed, once=True)
-            self._listening = True
-        if not self._watching:  # the pool's listeners outlive a dispose: registered once
-            event.listen(self._engine.sync_engine, "checkout", self._on_checkout)
-            self._watching = True
-        self._count += 1
-        try:
-            proxy = await self._engine.raw_connection()
-        except Exception:
-            self._count -= 1
-            return None
-        except BaseException:
-            self._count -= 1
-            raise
-        raw = proxy.driver_connection
-        if not isinstance(raw, asyncpg.Connection):
-            self._close_taken(proxy)
-            return None
-        try:
-            direct = self._session_scope is True or (
-                self._session_scope is None
-                and await raw.fetchval("SELECT pg_backend_pid()") == raw.get_server_pid()
-            )
-        except Exception:
-            self._close_taken(proxy)  # dropped already: the caller takes a funnel session
-            return None
-        except BaseException:
-            self._close_taken(proxy)
-            raise
-        return _Held(proxy, raw, direct)
-
-    def _close_taken(self, proxy: PoolProxiedConnection) -> None:
-        """Close a connection checked out to be held (its pool slot is freed)."""
-        self._count -= 1
-        with contextlib.suppress(Exception):
-            proxy.invalidate()
-            proxy.close()
-
-    def _drop(self, held: _Held) -> None:
-        """Close `held` (its pool slot is freed); safe while the caller is being cancelled:
-        nothing here awaits."""
-        self._close_taken(held.proxy)
-
-    def _disposed(self, _engine: Engine) -> None:
-        """`engine_disposed`: close the idle connections (inside the dispose's greenlet,
-        so each closes gracefully); a busy one is closed when its call ends."""
-        self._listening = False
-        self._generation += 1
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
-        idle, self._idle = self._idle, []
-        for held in idle:
-            self._drop(held)

@@ -343,8 +343,8 @@ class SqlWorkStorage(WorkStorageInterface):
         )
         row = (await conn.execute(stmt, params)).first()
         if row is None:
-            held = select(t.c.id).where(t.c.id == item.id, t.c.org_id == org_id)
-            if (await conn.execute(held)).first() is None:
+            stored = select(t.c.id).where(t.c.id == item.id, t.c.org_id == org_id)
+            if (await conn.execute(stored)).first() is None:
                 raise NotFound(f"item_id: no work item {item.id}")
             raise Conflict(f"claim_token: work item {item.id} is no longer held under it")
         return row_to_item(row._mapping)
@@ -398,12 +398,12 @@ class SqlWorkStorage(WorkStorageInterface):
             )
         return self._write_stmts[key]
 
-    async def complete_items(self, org_id: UUID, held: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
+    async def complete_items(self, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
         """See `WorkStorageInterface.complete_items`: one UPDATE, each row fenced on its own
         token by the `(id, claim_token)` row-value match in its WHERE clause."""
-        if not held:
+        if not claims:
             return set()
-        params = {"done_org_id": org_id, "done_held": list(held)}
+        params = {"done_org_id": org_id, "done_claims": list(claims)}
         async with self._session(DatabaseRole.QUEUE, org_id) as conn:
             return set((await conn.execute(self._complete_stmt, params)).scalars())
 
@@ -413,7 +413,7 @@ class SqlWorkStorage(WorkStorageInterface):
         return (
             update(t)
             .where(
-                tuple_(t.c.id, t.c.claim_token).in_(bindparam("done_held", expanding=True)),
+                tuple_(t.c.id, t.c.claim_token).in_(bindparam("done_claims", expanding=True)),
                 t.c.org_id == bindparam("done_org_id"),
                 t.c.status == WorkStatus.CLAIMED.value,
                 t.c.lease_expires_at > now,
