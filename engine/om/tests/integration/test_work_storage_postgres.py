@@ -12,6 +12,7 @@ and the migrations over a table that already holds such rows.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import secrets
@@ -55,7 +56,7 @@ from acme.om.storage.impl.sql import SqlStorageRoot
 from acme.om.storage.roles import DatabaseRole
 from acme.om.types import EMPTY_UUID
 from acme.om.work.storage import NewItems, WorkStorageInterface
-from acme.om.work.storage.impl import held_connections, postgres
+from acme.om.work.storage.impl import held_connections, postgres, postgres_statements
 from acme.om.work.storage.impl.postgres import HELD_CONNECTIONS, PostgresWorkStorage
 from acme.om.work.storage.tables.work_items import work_items
 from acme.om.work.types.work_item import WorkStatus
@@ -492,7 +493,9 @@ async def test_a_claim_on_a_held_connection_that_stops_answering_fails_and_is_cl
     monkeypatch.setattr(held_connections, "_scope_sql", lambda scope: scope_sql((scope[0], None)))
     silent = "SELECT * FROM work_items WHERE lane = $1 AND attempts < $2 AND $3::text <> ''"
     silent += " AND $4::float8 > 0 AND kind = $5 AND (SELECT count(*) FROM pg_sleep(3)) = 0"
-    storage._claim_sqls[1] = silent  # answers after 3 s, as a connection that stopped would
+    claim = dataclasses.replace(postgres_statements.claim_statement(1), numbered=silent)
+    # Answers after 3 s, as a connection that stopped would.
+    monkeypatch.setattr(postgres, "claim_statement", lambda kinds: claim)
     began = time.monotonic()
     with pytest.raises(TimeoutError):
         await storage.claim_next(lane, [KIND], "w1", 0.5)
@@ -500,7 +503,6 @@ async def test_a_claim_on_a_held_connection_that_stops_answering_fails_and_is_cl
     assert 0.8 <= waited < 2.0
     assert _held_backend_pids(storage) == []
     monkeypatch.undo()
-    del storage._claim_sqls[1]
     claimed = await storage.claim_next(lane, [KIND], "w1", LEASE)
     assert [item.id for item in claimed] == [created.id]
     assert _held_backend_pids(storage) not in ([], [pid])

@@ -1,7 +1,8 @@
-"""What the PostgreSQL and SQLite storages share: every statement but the claim.
+"""What the PostgreSQL and SQLite storages share: every statement but the hot path's.
 
-Each statement is written once in SQLAlchemy Core; the dialect supplies its clock
-(`_now`, `_after`), its claim token minting (`_new_token`), its insert and its claim.
+Each shared statement is written once in SQLAlchemy Core; the dialect supplies its clock
+(`_now`, `_after`), its insert and the hot path's statements (the claim, the completion,
+an unreadable row's dead letter: `_claim_rows`, `_complete_rows`, `_fail_unreadable`).
 Every write after the insert is conditional in the statement itself (fencing on the
 claim token, or on the status an operator write expects), and every method but
 `claim_next` filters on the tenant besides opening its session under it, so SQLite,
@@ -22,7 +23,6 @@ from typing import Any
 from uuid import UUID
 
 from sqlalchemy import (
-    BindParameter,
     ColumnElement,
     Float,
     Insert,
@@ -35,7 +35,6 @@ from sqlalchemy import (
     literal,
     or_,
     select,
-    tuple_,
     update,
 )
 from sqlalchemy.exc import DBAPIError
@@ -104,6 +103,11 @@ def rows_read(rows: Sequence[Mapping[Any, Any]]) -> WorkRows:
         else:
             read.append(found)
     return read
+
+
+def unreadable_error(row: UnreadableRow) -> str:
+    """The `last_error` of an unreadable row's dead letter (at most 2,000 characters)."""
+    return f"{UNREADABLE}: {row.problem}"[:2000]
 
 
 def created_items(
@@ -181,22 +185,36 @@ class SqlWorkStorage(WorkStorageInterface):
         """Seconds from `moment` to the database's now (negative when it lies ahead)."""
 
     @abstractmethod
-    def _new_token(self) -> ColumnElement[UUID]:
-        """A fresh claim token, minted per row by the database."""
-
-    @abstractmethod
     def _insert(self) -> Insert:
         """An insert into `work_items` that does nothing on any unique conflict."""
 
     @abstractmethod
-    def _claim_statement(
-        self, claim: Update, candidates: ColumnElement[bool], limit: BindParameter[int]
-    ) -> Update:
-        """The claim as one statement: pick up to `limit` rows matching `candidates`, oldest
-        `available_at` first (then `id`), apply `claim` to exactly those, return them."""
+    async def _claim_rows(
+        self,
+        conn: AsyncConnection,
+        lane: str,
+        kinds: Sequence[WorkKind],
+        worker_id: str,
+        lease_s: float,
+        limit: int,
+    ) -> Sequence[Mapping[Any, Any]]:
+        """The claim as one statement in `conn`'s transaction: up to `limit` due rows of
+        `lane` and `kinds`, oldest `available_at` first (then `id`), each claimed by
+        `worker_id` for `lease_s` seconds under a fresh token; the rows as written."""
 
-    async def _before_claim(self, conn: AsyncConnection) -> None:
-        """What the dialect runs in the claim's transaction before the claim (nothing)."""
+    @abstractmethod
+    async def _complete_rows(
+        self, conn: AsyncConnection, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]
+    ) -> set[UUID]:
+        """`complete_items`' one UPDATE in `conn`'s transaction; the ids it completed."""
+
+    @abstractmethod
+    async def _fail_unreadable(
+        self, conn: AsyncConnection, row: UnreadableRow
+    ) -> Mapping[Any, Any] | None:
+        """Fail the claimed row `row` for good, fenced on the token the claim gave it, owing
+        its audit entry (`unreadable`); the row as written, None when the fence no longer
+        matched."""
 
     async def _announce(self, conn: AsyncConnection, due: Iterable[tuple[str, str]]) -> None:
         """Wake the workers that listen on this storage's own wake-ups (`wake_ups`) for
@@ -226,15 +244,19 @@ class SqlWorkStorage(WorkStorageInterface):
         async with self._session(DatabaseRole.QUEUE, org_id) as conn:
             available = await self._insert_rows(conn, org_id, items)
             missing = [i for i in items if i.id not in available]
-            found: list[WorkItem] = []
-            if missing:
-                keys = [i.idempotency_key for i in missing if i.idempotency_key is not None]
-                query = select(t).where(
-                    t.c.org_id == org_id,
-                    or_(t.c.id.in_([i.id for i in missing]), t.c.idempotency_key.in_(keys)),
-                )
-                found = [row_to_item(r._mapping) for r in await conn.execute(query)]
+            found = await self._holders(conn, org_id, missing) if missing else []
         return created_items(org_id, items, available, found)
+
+    async def _holders(
+        self, conn: AsyncConnection, org_id: UUID, missing: Sequence[WorkItem]
+    ) -> list[WorkItem]:
+        """The stored rows of `org_id` holding the ids or idempotency keys of `missing`."""
+        keys = [i.idempotency_key for i in missing if i.idempotency_key is not None]
+        query = select(t).where(
+            t.c.org_id == org_id,
+            or_(t.c.id.in_([i.id for i in missing]), t.c.idempotency_key.in_(keys)),
+        )
+        return [row_to_item(r._mapping) for r in await conn.execute(query)]
 
     async def _insert_rows(
         self, conn: AsyncConnection, org_id: UUID, items: Sequence[WorkItem]
@@ -403,33 +425,8 @@ class SqlWorkStorage(WorkStorageInterface):
         token by the `(id, claim_token)` row-value match in its WHERE clause."""
         if not claims:
             return set()
-        params = {"done_org_id": org_id, "done_claims": list(claims)}
         async with self._session(DatabaseRole.QUEUE, org_id) as conn:
-            return set((await conn.execute(self._complete_stmt, params)).scalars())
-
-    @cached_property
-    def _complete_stmt(self) -> Update:
-        now = self._now()
-        return (
-            update(t)
-            .where(
-                tuple_(t.c.id, t.c.claim_token).in_(bindparam("done_claims", expanding=True)),
-                t.c.org_id == bindparam("done_org_id"),
-                t.c.status == WorkStatus.CLAIMED.value,
-                t.c.lease_expires_at > now,
-            )
-            .values(
-                status=WorkStatus.COMPLETED.value,
-                claimed_by=None,
-                claim_token=None,
-                claimed_at=None,
-                lease_expires_at=None,
-                completed_at=now,
-                updated_at=now,
-                updated_by=EMPTY_UUID,
-            )
-            .returning(t.c.id)
-        )
+            return await self._complete_rows(conn, org_id, claims)
 
     async def claim_next(
         self,
@@ -449,16 +446,8 @@ class SqlWorkStorage(WorkStorageInterface):
         """
         if not kinds or limit < 1:
             return WorkRows()
-        params = {
-            "claim_lane": lane,
-            "claim_kinds": [kind.value for kind in kinds],
-            "claim_worker": worker_id,
-            "claim_lease": lease,
-            "claim_limit": limit,
-        }
         async with self._session(DatabaseRole.QUEUE, EMPTY_UUID) as conn:
-            await self._before_claim(conn)
-            read = rows_read([r._mapping for r in await conn.execute(self._claim_stmt, params)])
+            read = rows_read(await self._claim_rows(conn, lane, kinds, worker_id, lease, limit))
             dead = [await self._dead_letter_unreadable(conn, row) for row in read.unreadable]
         items = sorted(read, key=lambda i: (i.available_at, i.id))
         return WorkRows(items, [row for row in dead if row is not None])
@@ -466,74 +455,12 @@ class SqlWorkStorage(WorkStorageInterface):
     async def _dead_letter_unreadable(
         self, conn: AsyncConnection, row: UnreadableRow
     ) -> UnreadableRow | None:
-        """Fail the claimed row `row` for good, fenced on the token the claim gave it; the
-        row as written (None when the fence no longer matched, which the claim's own
-        transaction never sees)."""
-        params = {
-            "u_id": row.id,
-            "u_org_id": row.org_id,
-            "u_token": row.values.get("claim_token"),
-            "u_error": f"{UNREADABLE}: {row.problem}"[:2000],
-        }
-        written = (await conn.execute(self._unreadable_stmt, params)).first()
+        """`_fail_unreadable` in the claim's transaction (which never sees the fence fail);
+        the row as written."""
+        written = await self._fail_unreadable(conn, row)
         if written is None:
             return None
-        return UnreadableRow(row.id, row.org_id, row.column, row.reason, dict(written._mapping))
-
-    @cached_property
-    def _unreadable_stmt(self) -> Update:
-        """The dead letter of a claimed row that cannot be read; parameters prefixed `u_`."""
-        now = self._now()
-        token = bindparam("u_token", type_=t.c.claim_token.type)
-        return (
-            update(t)
-            .where(
-                t.c.id == bindparam("u_id", type_=t.c.id.type),
-                t.c.org_id == bindparam("u_org_id", type_=t.c.org_id.type),
-                t.c.claim_token == token,
-                t.c.status == WorkStatus.CLAIMED.value,
-                t.c.lease_expires_at > now,
-            )
-            .values(
-                status=WorkStatus.FAILED.value,
-                claimed_by=None,
-                claim_token=None,
-                claimed_at=None,
-                lease_expires_at=None,
-                last_error=bindparam("u_error", type_=Text),
-                audit_owed_token=token,
-                audit_owed_reason=literal("unreadable", Text),
-                updated_at=now,
-                updated_by=EMPTY_UUID,
-            )
-            .returning(*t.c)
-        )
-
-    @cached_property
-    def _claim_stmt(self) -> Update:
-        """The claim, built once; its parameters are `claim_next`'s, prefixed `claim_` (a
-        parameter may not share a column's name in an UPDATE)."""
-        now = self._now()
-        candidates = (
-            (t.c.status == WorkStatus.AVAILABLE.value)
-            & (t.c.lane == bindparam("claim_lane"))
-            & t.c.kind.in_(bindparam("claim_kinds", expanding=True))
-            & (t.c.available_at <= now)
-            & t.c.deleted_at.is_(None)
-            & (t.c.attempts < t.c.max_attempts)
-        )
-        claim = update(t).values(
-            status=WorkStatus.CLAIMED.value,
-            attempts=t.c.attempts + 1,
-            claimed_by=bindparam("claim_worker"),
-            claim_token=self._new_token(),
-            claimed_at=now,
-            lease_expires_at=self._after(bindparam("claim_lease", type_=Float)),
-            note=None,
-            updated_at=now,
-            updated_by=EMPTY_UUID,
-        )
-        return self._claim_statement(claim, candidates, bindparam("claim_limit"))
+        return UnreadableRow(row.id, row.org_id, row.column, row.reason, dict(written))
 
     async def requeue_stale(self, org_id: UUID, before: datetime | None, limit: int) -> WorkRows:
         """See `WorkStorageInterface.requeue_stale`: one statement, re-checked in its UPDATE."""
