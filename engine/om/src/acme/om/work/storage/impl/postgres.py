@@ -55,12 +55,8 @@ from acme.om.work.storage.impl.postgres_statements import (
     new_values,
     unreadable_values,
 )
-from acme.om.work.storage.impl.sql import (
-    SqlWorkStorage,
-    created_items,
-    row_to_item,
-    rows_read,
-)
+from acme.om.work.storage.impl.sql import SqlWorkStorage, created_items
+from acme.om.work.storage.impl.sql_operator import row_to_item, rows_read
 from acme.om.work.storage.tables.work_items import UtcDateTime, work_items
 from acme.om.work.types.work_item import (
     UnreadableRow,
