@@ -211,11 +211,10 @@ class PostgresWorkStorage(SqlWorkStorage):
         limit: int = 1,
     ) -> WorkRows:
         """See `SqlWorkStorage.claim_next`: the same statement (`claim_statement`), under the
-        system scope, on a
-        held connection when one is free; the dead letter of each unreadable row it claimed
-        follows as a statement of its own, fenced on the claim's token (a process that
-        stops in between leaves the row claimed until its lease ends; the next claim of it
-        dead-letters it then).
+        system scope, on a held connection when one is free; the dead letter of each
+        unreadable row it claimed follows as a statement of its own, fenced on the claim's
+        token (a process that stops in between leaves the row claimed until its lease ends;
+        the next claim of it dead-letters it then).
 
         On a held connection the claim's statement is given `lease` seconds (a claim that
         takes longer hands out leases already spent) as the session's `statement_timeout`:
