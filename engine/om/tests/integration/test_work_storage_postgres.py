@@ -12,6 +12,7 @@ and the migrations over a table that already holds such rows.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import secrets
@@ -55,7 +56,7 @@ from acme.om.storage.impl.sql import SqlStorageRoot
 from acme.om.storage.roles import DatabaseRole
 from acme.om.types import EMPTY_UUID
 from acme.om.work.storage import NewItems, WorkStorageInterface
-from acme.om.work.storage.impl import postgres
+from acme.om.work.storage.impl import held_connections, postgres, postgres_statements
 from acme.om.work.storage.impl.postgres import HELD_CONNECTIONS, PostgresWorkStorage
 from acme.om.work.storage.tables.work_items import work_items
 from acme.om.work.types.work_item import WorkStatus
@@ -305,8 +306,8 @@ async def _terminate(killer: asyncpg.Connection, pid: int) -> None:
 
 def _held_backend_pids(storage: PostgresWorkStorage) -> list[int]:
     """The server pids of the connections `storage` holds idle (its `HeldConnections`)."""
-    assert storage._held is not None
-    return [held.raw.get_server_pid() for held in storage._held._idle]
+    assert storage._connections is not None
+    return [conn.raw.get_server_pid() for conn in storage._connections._idle]
 
 
 async def test_a_held_connection_the_server_dropped_hands_its_call_to_a_funnel_session(
@@ -488,11 +489,13 @@ async def test_a_claim_on_a_held_connection_that_stops_answering_fails_and_is_cl
     assert not await storage.claim_next(f"{lane}-idle", [KIND], "w1", LEASE)  # holds one
     (pid,) = _held_backend_pids(storage)
     monkeypatch.setattr(postgres, "CLAIM_TIMEOUT_GRACE_S", 0.3)
-    scope_sql = postgres._scope_sql
-    monkeypatch.setattr(postgres, "_scope_sql", lambda scope: scope_sql((scope[0], None)))
+    scope_sql = held_connections._scope_sql
+    monkeypatch.setattr(held_connections, "_scope_sql", lambda scope: scope_sql((scope[0], None)))
     silent = "SELECT * FROM work_items WHERE lane = $1 AND attempts < $2 AND $3::text <> ''"
     silent += " AND $4::float8 > 0 AND kind = $5 AND (SELECT count(*) FROM pg_sleep(3)) = 0"
-    storage._claim_sqls[1] = silent  # answers after 3 s, as a connection that stopped would
+    claim = dataclasses.replace(postgres_statements.claim_statement(1), numbered=silent)
+    # Answers after 3 s, as a connection that stopped would.
+    monkeypatch.setattr(postgres, "claim_statement", lambda kinds: claim)
     began = time.monotonic()
     with pytest.raises(TimeoutError):
         await storage.claim_next(lane, [KIND], "w1", 0.5)
@@ -500,7 +503,6 @@ async def test_a_claim_on_a_held_connection_that_stops_answering_fails_and_is_cl
     assert 0.8 <= waited < 2.0
     assert _held_backend_pids(storage) == []
     monkeypatch.undo()
-    del storage._claim_sqls[1]
     claimed = await storage.claim_next(lane, [KIND], "w1", LEASE)
     assert [item.id for item in claimed] == [created.id]
     assert _held_backend_pids(storage) not in ([], [pid])
@@ -747,8 +749,8 @@ async def test_a_held_connection_through_a_pooler_sets_the_tenant_for_each_call_
     scope = "SELECT current_setting('app.org_id', true)"
     try:
         await storage.create_items(org, [make_item(org, lane)])
-        assert storage._held is not None
-        (direct,) = storage._held._idle
+        assert storage._connections is not None
+        (direct,) = storage._connections._idle
         assert direct.direct
         assert await direct.raw.fetchval(scope) == str(org)
     finally:
@@ -759,8 +761,8 @@ async def test_a_held_connection_through_a_pooler_sets_the_tenant_for_each_call_
     storage = PostgresWorkStorage(StorageFunnel(dict.fromkeys(DatabaseRole, engine)), held=1)
     try:
         (created,) = await storage.create_items(org, [make_item(org, lane)])
-        assert storage._held is not None
-        (pooled,) = storage._held._idle
+        assert storage._connections is not None
+        (pooled,) = storage._connections._idle
         assert not pooled.direct
         assert await pooled.raw.fetchval(scope) in ("", None)
         claimed = await storage.claim_next(lane, [KIND], "w1", LEASE, limit=10)
@@ -769,7 +771,7 @@ async def test_a_held_connection_through_a_pooler_sets_the_tenant_for_each_call_
         assert await pooled.raw.fetchval("SHOW statement_timeout") == "0"
         held = [(i.id, i.claim_token) for i in claimed if i.claim_token is not None]
         assert await storage.complete_items(org, held) == {i.id for i in claimed}
-        assert storage._held._idle == [pooled]
+        assert storage._connections._idle == [pooled]
     finally:
         await engine.dispose()
 

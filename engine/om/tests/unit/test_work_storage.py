@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
-from sqlalchemy import Executable, event, insert, update
+from sqlalchemy import Executable, TextualSelect, event, insert, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import create_async_engine
 from work_fixtures import FakeClock, store_row, stored_row
@@ -22,6 +23,7 @@ from acme.om.storage.roles import DatabaseRole
 from acme.om.types import EMPTY_UUID
 from acme.om.work.rules import refuse_nul
 from acme.om.work.storage import WorkStorageInterface
+from acme.om.work.storage.impl import postgres_statements
 from acme.om.work.storage.impl.memory import MemoryWorkStorage
 from acme.om.work.storage.impl.postgres import PostgresWorkStorage
 from acme.om.work.storage.impl.sqlite import SqliteWorkStorage
@@ -144,3 +146,31 @@ def test_a_nul_refusal_gives_the_reason_of_the_storage_s_own_backend(
     """Every backend refuses a NUL character alike; each names the reason true there."""
     with pytest.raises(Invalid, match=rf"^payload\.note: holds a NUL .*\(U\+0000\){reason}"):
         refuse_nul({"note": "a\x00b"}, "payload", storage.backend)
+
+
+def test_each_hot_postgresql_statement_is_one_text_in_both_bind_styles() -> None:
+    """The held connection's form (asyncpg, `$n`) and the funnel session's (SQLAlchemy,
+    `:name`) of each hot statement are one text: the numbered form with each `$n` read as
+    the n-th parameter's name is the named form, so neither path can drift from the other."""
+    hot = [
+        *postgres_statements.INSERTS.values(),
+        postgres_statements.NEW,
+        postgres_statements.HOLDERS,
+        postgres_statements.claim_statement(1),
+        postgres_statements.claim_statement(3),
+        postgres_statements.COMPLETE,
+        postgres_statements.UNREADABLE_DEAD_LETTER,
+    ]
+    for statement in hot:
+        names = [f":{name}" for name in statement.names]
+
+        def name_of(number: re.Match[str], names: list[str] = names) -> str:
+            return names[int(number[1]) - 1]
+
+        clause = statement.named
+        named = clause.element if isinstance(clause, TextualSelect) else clause
+        assert re.sub(r"\$(\d+)\b", name_of, statement.numbered) == named.text
+    claim = postgres_statements.claim_statement(3).numbered
+    assert "kind IN ($5, $6, $7)" in claim
+    for fenced in (postgres_statements.COMPLETE, postgres_statements.UNREADABLE_DEAD_LETTER):
+        assert "claim_token = " in fenced.numbered  # each write fenced on its claim's token

@@ -219,10 +219,10 @@ class WorkStorageInterface(ABC):
         """
 
     @abstractmethod
-    async def complete_items(self, org_id: UUID, held: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
+    async def complete_items(self, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
         """Complete the tenant's items held under their tokens, in one statement.
 
-        `held` is `(item id, claim token)` pairs. Each row is completed (status
+        `claims` is `(item id, claim token)` pairs. Each row is completed (status
         `COMPLETED`, claim fields cleared, `completed_at` and `updated_at` the storage's
         now, `updated_by` `EMPTY_UUID`) only where it is the tenant's, still `CLAIMED`
         under that very token, with its lease not yet passed: the fence of `write_item`,

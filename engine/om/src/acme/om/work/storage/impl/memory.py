@@ -184,12 +184,12 @@ class MemoryWorkStorage(WorkStorageInterface):
                 self._owed[item.id] = (claim_token, dead_letter)
             return written.model_copy(deep=True)
 
-    async def complete_items(self, org_id: UUID, held: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
+    async def complete_items(self, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
         """See `WorkStorageInterface.complete_items`: each pair fenced as `write_item` is."""
         async with self._lock:
             now = self._clock()
             done: set[UUID] = set()
-            for item_id, claim_token in held:
+            for item_id, claim_token in claims:
                 row = self._tenant_row(org_id, item_id)
                 if (
                     row is None

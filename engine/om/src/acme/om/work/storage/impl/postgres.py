@@ -1,67 +1,68 @@
-"""The work queue on PostgreSQL (asyncpg): the claim as `FOR UPDATE SKIP LOCKED`, and the
-enqueue, the claim and the completions on connections the storage holds while calls keep
-coming (`HeldConnections`)."""
+"""The work queue on PostgreSQL (asyncpg): the hot path's statements (`postgres_statements`,
+each one text for both paths) on connections the storage holds while calls keep coming
+(`HeldConnections`), else in a funnel session."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import math
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cached_property
 from typing import Any, ClassVar
 from uuid import UUID
 
 import asyncpg
 from sqlalchemy import (
-    BindParameter,
     ColumnElement,
     Float,
     Insert,
     Interval,
-    TextClause,
-    TextualSelect,
-    Update,
-    event,
     func,
     literal,
-    select,
     text,
     type_coerce,
 )
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.pool import PoolProxiedConnection
-from sqlalchemy.util import greenlet_spawn
 
 from acme.om.storage.funnel import StorageFunnel
 from acme.om.storage.roles import DatabaseRole
 from acme.om.types import EMPTY_UUID
 from acme.om.work.storage import (
-    UNREADABLE,
     WAKE_UP_CHANNEL,
     Created,
     NewItems,
     WakeUps,
 )
-from acme.om.work.storage.impl.sql import (
-    SqlWorkStorage,
-    created_items,
-    row_to_item,
-    rows_read,
+from acme.om.work.storage.impl.held_connections import (
+    HELD_IDLE_S,
+    HeldConnection,
+    HeldConnections,
+    Unsent,
 )
+from acme.om.work.storage.impl.postgres_statements import (
+    COMPLETE,
+    HOLDERS,
+    INSERTS,
+    NEW,
+    UNREADABLE_DEAD_LETTER,
+    claim_statement,
+    claim_values,
+    complete_values,
+    holders_values,
+    insert_form,
+    new_values,
+    unreadable_values,
+)
+from acme.om.work.storage.impl.sql import SqlWorkStorage, created_items
+from acme.om.work.storage.impl.sql_operator import row_to_item, rows_read
 from acme.om.work.storage.tables.work_items import UtcDateTime, work_items
 from acme.om.work.types.work_item import (
     UnreadableRow,
     WorkItem,
     WorkKind,
     WorkRows,
-    WorkStatus,
 )
 
 t = work_items
@@ -72,219 +73,11 @@ t = work_items
 _PROBE_AFTER = 2.0
 _PROBE_WITHIN = 2.0
 
-# Every column an enqueue writes but `org_id` (bound once, not per row), with its PostgreSQL
-# type, as the unnest insert binds them; `delay` is not a column: the database adds it to its
-# clock for `available_at`.
-_ARRAY_COLUMNS = {
-    "id": "uuid",
-    "kind": "text",
-    "lane": "text",
-    "payload": "text",
-    "status": "text",
-    "attempts": "integer",
-    "max_attempts": "integer",
-    "delay": "float8",
-    "claimed_by": "text",
-    "claim_token": "uuid",
-    "claimed_at": "timestamptz",
-    "lease_expires_at": "timestamptz",
-    "last_error": "text",
-    "note": "text",
-    "idempotency_key": "text",
-    "request_id": "uuid",
-    "traceparent": "text",
-    "completed_at": "timestamptz",
-    "created_at": "timestamptz",
-    "updated_at": "timestamptz",
-    "created_by": "uuid",
-    "updated_by": "uuid",
-    "deleted_at": "timestamptz",
-}
-
-# What a fresh item (`_fresh`: every enqueue through the manager) leaves to the statement:
-# the columns an item that never ran holds, written as SQL (over the row's other columns,
-# named in braces), so the insert binds 11 columns instead of 23 (each costs its encoding
-# in the driver, and an array its unnest in the server, a single enqueue as much as a batch).
-_FRESH_FIXED = {
-    "status": f"'{WorkStatus.AVAILABLE.value}'",
-    "attempts": "0",
-    "updated_at": "{created_at}",
-    "updated_by": "{created_by}",
-}
-_FRESH_COLUMNS = {
-    name: _ARRAY_COLUMNS[name]
-    for name in (
-        "id",
-        "kind",
-        "lane",
-        "payload",
-        "max_attempts",
-        "delay",
-        "idempotency_key",
-        "request_id",
-        "traceparent",
-        "created_at",
-        "created_by",
-    )
-}
-
-
-def _fresh(item: WorkItem) -> bool:
-    """Whether `item` holds what an item that never ran holds (available, no attempt spent,
-    no claim, no error or note, never completed nor deleted, last changed when and by whom
-    it was created): the insert then writes those columns in SQL (`_FRESH_FIXED`)."""
-    return (
-        item.status is WorkStatus.AVAILABLE
-        and item.attempts == 0
-        and item.claimed_by is None
-        and item.claim_token is None
-        and item.claimed_at is None
-        and item.lease_expires_at is None
-        and item.last_error is None
-        and item.note is None
-        and item.completed_at is None
-        and item.deleted_at is None
-        and item.updated_at == item.created_at
-        and item.updated_by == item.created_by
-    )
-
-
-@dataclass(frozen=True, eq=False)
-class _InsertForm:
-    """One shape of the enqueue's insert: `bound` columns (name to PostgreSQL type) are
-    parameters, `fixed` columns SQL over the bound ones (`{name}`). The insert binds one
-    array per bound column and unnests them (`INSERT ... SELECT FROM unnest`: one prepared
-    statement whatever the batch holds, as pgqueuer enqueues), or, for one item, one value
-    per column (`INSERT ... VALUES`: nothing to build into arrays and unnest)."""
-
-    bound: dict[str, str]
-    fixed: dict[str, str]
-
-    def sql(self, params: Sequence[str], *, one: bool = False) -> str:
-        """The insert, `params[0]` the tenant's parameter (`$1`, or `:org_id` for
-        SQLAlchemy) and `params[n]` the n-th bound column's (its array's, or with `one`
-        its value's): duplicates (an id or an idempotency key already stored) are skipped,
-        and each inserted row's `available_at` is the database's clock plus its `delay` in
-        seconds."""
-        names = list(self.bound)
-        typed = zip(names, params[1:], self.bound.values(), strict=True)
-        if one:
-            source = {name: f"CAST({param} AS {sql_type})" for name, param, sql_type in typed}
-        else:
-            source = {name: f"u.{name}" for name in names}
-        written = {"org_id": f"CAST({params[0]} AS uuid)"}
-        written.update(
-            (name, f"CAST({source[name]} AS jsonb)" if name == "payload" else source[name])
-            for name in names
-            if name != "delay"
-        )
-        written.update((name, sql.format_map(source)) for name, sql in self.fixed.items())
-        delay = source["delay"]
-        written["available_at"] = f"statement_timestamp() + make_interval(secs => {delay})"
-        head = f"INSERT INTO work_items ({', '.join(written)}) "
-        tail = " ON CONFLICT DO NOTHING RETURNING id, available_at"
-        if one:
-            return f"{head}VALUES ({', '.join(written.values())}){tail}"
-        arrays = ", ".join(
-            f"CAST({param} AS {sql_type}[])"
-            for param, sql_type in zip(params[1:], self.bound.values(), strict=True)
-        )
-        return (
-            f"{head}SELECT {', '.join(written.values())} "
-            f"FROM unnest({arrays}) AS u({', '.join(names)}){tail}"
-        )
-
-    def values(self, org_id: UUID, items: Sequence[WorkItem], *, one: bool = False) -> list[Any]:
-        """The insert's parameters: `org_id`, then per bound column the list of the items'
-        values, or with `one` the value of `items[0]`, in order."""
-        if one:
-            (item,) = items
-            return [org_id, *(_bound_value(item, name) for name in self.bound)]
-        return [org_id, *([_bound_value(item, name) for item in items] for name in self.bound)]
-
-
-def _bound_value(item: WorkItem, name: str) -> Any:
-    """Column `name` of `item` as the insert binds it (the payload as JSON text)."""
-    if name == "payload":
-        return json.dumps(item.payload)
-    if name == "status":
-        return item.status.value
-    return getattr(item, name)
-
-
-_FULL_INSERT = _InsertForm(_ARRAY_COLUMNS, {})
-_FRESH_INSERT = _InsertForm(_FRESH_COLUMNS, _FRESH_FIXED)
-
-
-def _insert_form(items: Sequence[WorkItem]) -> _InsertForm:
-    """The narrower insert when every item is fresh (`_fresh`), else the full one."""
-    return _FRESH_INSERT if all(_fresh(item) for item in items) else _FULL_INSERT
-
-
-# The bulk enqueue's parameters (`NewItems`), in order: one value each for the whole batch,
-# then the two arrays (ids, payloads as JSON text).
-_NEW_PARAMS = {
-    "org_id": "uuid",
-    "kind": "text",
-    "lane": "text",
-    "max_attempts": "integer",
-    "request_id": "uuid",
-    "traceparent": "text",
-    "created_at": "timestamptz",
-    "actor": "uuid",
-    "delay": "float8",
-    "ids": "uuid[]",
-    "payloads": "text[]",
-}
-
-
-def _new_sql(params: Sequence[str]) -> str:
-    """The bulk enqueue's insert, `params[n]` the parameter of the n-th `_NEW_PARAMS` entry:
-    what the batch shares is bound once, only the ids and the payloads per row."""
-    p = {
-        name: f"CAST({param} AS {sql_type})"
-        for (name, sql_type), param in zip(_NEW_PARAMS.items(), params, strict=True)
-    }
-    return (
-        "INSERT INTO work_items (id, org_id, kind, lane, payload, status, attempts,"
-        " max_attempts, request_id, traceparent, created_at, updated_at, created_by,"
-        " updated_by, available_at)"
-        f" SELECT u.id, {p['org_id']}, {p['kind']}, {p['lane']}, CAST(u.payload AS jsonb),"
-        f" '{WorkStatus.AVAILABLE.value}', 0, {p['max_attempts']}, {p['request_id']},"
-        f" {p['traceparent']}, {p['created_at']}, {p['created_at']}, {p['actor']},"
-        f" {p['actor']}, statement_timestamp() + make_interval(secs => {p['delay']})"
-        f" FROM unnest({p['ids']}, {p['payloads']}) AS u(id, payload)"
-        " ON CONFLICT DO NOTHING RETURNING id"
-    )
-
-
-def _new_values(org_id: UUID, items: NewItems) -> list[Any]:
-    """`items`' parameters for `_new_sql`, in `_NEW_PARAMS` order."""
-    return [
-        org_id,
-        items.kind.value,
-        items.lane,
-        items.max_attempts,
-        items.request_id,
-        items.traceparent,
-        items.created_at,
-        items.actor,
-        max(items.delay, 0.0),
-        items.ids,
-        items.payloads,
-    ]
-
-
 # Connections the storage holds at most for its busiest statements: the enqueue, the claim
 # and the completions (two: in a worker a claim and a completion flush run at the same
 # time; a third caller meanwhile takes a session from the funnel). The worker's pool
 # reserves one connection for each of them.
 HELD_CONNECTIONS = 2
-
-# A held connection unused this long (s) goes back to its pool: a process holds queue
-# connections only while the queue's calls keep coming (a service enqueuing now and then
-# holds none between its calls).
-HELD_IDLE_S = 1.0
 
 # A claim on a held connection the server has not answered this long (s) past its
 # `statement_timeout` (its lease) fails with `TimeoutError` and the connection is closed:
@@ -292,50 +85,8 @@ HELD_IDLE_S = 1.0
 # on a connection that stopped answering.
 CLAIM_TIMEOUT_GRACE_S = 1.0
 
-# The enqueue's insert and its read of the rows it skipped, the claim, the completion and
-# the dead letter of an unreadable row as asyncpg runs them on a held connection: the
-# statements of `SqlWorkStorage.create_items`, `_claim_stmt`, `_complete_stmt` and
-# `_unreadable_stmt` written out for PostgreSQL with numbered parameters, so each is
-# prepared once per connection (asyncpg's statement cache) and never compiled again. The
-# contract suite runs every case on both paths (docs/decisions/0021).
-_COLUMNS = ", ".join(f"work_items.{column.name}" for column in t.c)
-_RELEASED = (
-    "claimed_by = NULL, claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL,"
-    f" updated_at = statement_timestamp(), updated_by = '{EMPTY_UUID}'"
-)
-_COMPLETE_SQL = (
-    f"UPDATE work_items SET status = '{WorkStatus.COMPLETED.value}', {_RELEASED},"
-    " completed_at = statement_timestamp()"
-    " FROM unnest($1::uuid[], $2::uuid[]) AS held(id, claim_token)"
-    " WHERE work_items.id = held.id AND work_items.claim_token = held.claim_token"
-    f" AND work_items.org_id = $3 AND work_items.status = '{WorkStatus.CLAIMED.value}'"
-    " AND work_items.lease_expires_at > statement_timestamp()"
-    " RETURNING work_items.id"
-)
-_UNREADABLE_SQL = (
-    f"UPDATE work_items SET status = '{WorkStatus.FAILED.value}', {_RELEASED},"
-    " last_error = $4, audit_owed_token = $3, audit_owed_reason = 'unreadable'"
-    " WHERE id = $1 AND org_id = $2 AND claim_token = $3"
-    f" AND status = '{WorkStatus.CLAIMED.value}' AND lease_expires_at > statement_timestamp()"
-    f" RETURNING {_COLUMNS}"
-)
-
-
 # A hand-back's wake-up, as the insert's trigger sends it (`SqlWorkStorage._announce`).
 _ANNOUNCE = text("SELECT pg_notify(:channel, :note)")
-
-# By form and whether it is the one-item (`VALUES`) form.
-_INSERT_SQL = {
-    (form, one): form.sql([f"${n}" for n in range(1, len(form.bound) + 2)], one=one)
-    for form in (_FULL_INSERT, _FRESH_INSERT)
-    for one in (False, True)
-}
-_NEW_SQL = _new_sql([f"${n}" for n in range(1, len(_NEW_PARAMS) + 1)])
-# The stored rows holding the ids ($2) or idempotency keys ($3) of items the insert skipped.
-_HOLDERS_SQL = (
-    f"SELECT {_COLUMNS} FROM work_items WHERE org_id = $1"
-    " AND (id = ANY($2::uuid[]) OR idempotency_key = ANY($3::text[]))"
-)
 
 # What asyncpg raises when the server refuses a statement or the connection fails (a
 # backend terminated between two statements surfaces as `InternalClientError`).
@@ -345,27 +96,6 @@ _DRIVER_ERRORS = (
     asyncpg.InternalClientError,
     OSError,
 )
-
-
-def _claim_sql(kinds: int) -> str:
-    """The claim for `kinds` kinds (`kind IN ($5, ...)`, one parameter each: for one kind
-    the planner then reads `ix_work_items_claimable` in the claim's order and stops after
-    `$2` rows, where `kind = ANY($5)` would sort every due row first). Parameters: lane,
-    limit, worker id, lease in seconds, then the kinds."""
-    listed = ", ".join(f"${n}" for n in range(5, 5 + kinds))
-    return (
-        "WITH picked AS (SELECT id FROM work_items"
-        f" WHERE status = '{WorkStatus.AVAILABLE.value}' AND lane = $1 AND kind IN ({listed})"
-        " AND available_at <= statement_timestamp() AND deleted_at IS NULL"
-        " AND attempts < max_attempts"
-        " ORDER BY available_at, id LIMIT $2 FOR UPDATE SKIP LOCKED)"
-        f" UPDATE work_items SET status = '{WorkStatus.CLAIMED.value}',"
-        " attempts = work_items.attempts + 1, claimed_by = $3,"
-        " claim_token = gen_random_uuid(), claimed_at = statement_timestamp(),"
-        " lease_expires_at = statement_timestamp() + make_interval(secs => $4),"
-        f" note = NULL, updated_at = statement_timestamp(), updated_by = '{EMPTY_UUID}'"
-        f" FROM picked WHERE work_items.id = picked.id RETURNING {_COLUMNS}"
-    )
 
 
 # The oldest snapshot of any other session of this database, in transaction ids. Every role
@@ -410,14 +140,13 @@ class PostgresWorkStorage(SqlWorkStorage):
     ) -> None:
         super().__init__(funnel)
         engine = getattr(funnel, "engine", None)
-        self._held = (
+        self._connections = (
             HeldConnections(
                 engine(DatabaseRole.QUEUE), held, idle_s=held_idle_s, session_scope=session_scope
             )
             if engine is not None and held > 0
             else None
         )
-        self._claim_sqls: dict[int, str] = {}
 
     async def create_items(self, org_id: UUID, items: Sequence[WorkItem]) -> list[Created]:
         """See `SqlWorkStorage.create_items`: the same insert and the same read of the rows
@@ -432,13 +161,13 @@ class PostgresWorkStorage(SqlWorkStorage):
         an item whose id the session then finds stored is reported as created (`created`
         True) when the held insert wrote it or may have (it was sent and no answer came:
         its rows are this call's unless the caller sent an id stored before the call)."""
-        if self._held is None or not items:
+        if self._connections is None or not items:
             return await super().create_items(org_id, items)
         written: set[UUID] = set()  # by the held insert, or maybe (sent, never answered)
-        with contextlib.suppress(*_DRIVER_ERRORS, _Unsent):
-            async with self._held.statements(org_id) as held:
-                if held is not None:
-                    return await _create_items_on(held, org_id, items, written)
+        with contextlib.suppress(*_DRIVER_ERRORS, Unsent):
+            async with self._connections.statements(org_id) as conn:
+                if conn is not None:
+                    return await _create_items_on(conn, org_id, items, written)
         results = await super().create_items(org_id, items)
         # An id the held insert wrote and the session found stored: that row is this call's.
         return [
@@ -447,7 +176,7 @@ class PostgresWorkStorage(SqlWorkStorage):
 
     async def create_new(self, org_id: UUID, items: NewItems) -> set[UUID]:
         """See `WorkStorageInterface.create_new`: one statement binding the ids and the
-        payloads as arrays and what the batch shares once (`_new_sql`), on a held
+        payloads as arrays and what the batch shares once (`NEW`), on a held
         connection when one is free, else in a funnel session.
 
         When the held connection fails, the call runs once more in a funnel session, as
@@ -456,26 +185,21 @@ class PostgresWorkStorage(SqlWorkStorage):
         if not items.ids:
             return set()
         written: set[UUID] = set()  # by the held insert, or maybe (sent, never answered)
-        if self._held is not None:
-            with contextlib.suppress(*_DRIVER_ERRORS, _Unsent):
-                async with self._held.statements(org_id) as held:
-                    if held is not None:
+        if self._connections is not None:
+            with contextlib.suppress(*_DRIVER_ERRORS, Unsent):
+                async with self._connections.statements(org_id) as conn:
+                    if conn is not None:
                         written.update(items.ids)
                         try:
-                            rows = await held.fetch(_NEW_SQL, *_new_values(org_id, items))
-                        except _Unsent:
+                            rows = await conn.fetch(NEW.numbered, *new_values(org_id, items))
+                        except Unsent:
                             written.clear()  # never sent: nothing of it was written
                             raise
                         return {row[0] for row in rows}
-        params = dict(zip(_NEW_PARAMS, _new_values(org_id, items), strict=True))
+        params = NEW.params(new_values(org_id, items))
         async with self._session(DatabaseRole.QUEUE, org_id) as conn:
-            inserted = set((await conn.execute(self._new_statement, params)).scalars())
+            inserted = set((await conn.execute(NEW.named, params)).scalars())
         return inserted | (written & set(items.ids))
-
-    @cached_property
-    def _new_statement(self) -> TextClause:
-        """`_NEW_SQL` with SQLAlchemy's named parameters (the funnel session's path)."""
-        return text(_new_sql([f":{name}" for name in _NEW_PARAMS]))
 
     async def claim_next(
         self,
@@ -486,11 +210,11 @@ class PostgresWorkStorage(SqlWorkStorage):
         *,
         limit: int = 1,
     ) -> WorkRows:
-        """See `SqlWorkStorage.claim_next`: the same statement, under the system scope, on a
-        held connection when one is free; the dead letter of each unreadable row it claimed
-        follows as a statement of its own, fenced on the claim's token (a process that
-        stops in between leaves the row claimed until its lease ends; the next claim of it
-        dead-letters it then).
+        """See `SqlWorkStorage.claim_next`: the same statement (`claim_statement`), under the
+        system scope, on a held connection when one is free; the dead letter of each
+        unreadable row it claimed follows as a statement of its own, fenced on the claim's
+        token (a process that stops in between leaves the row claimed until its lease ends;
+        the next claim of it dead-letters it then).
 
         On a held connection the claim's statement is given `lease` seconds (a claim that
         takes longer hands out leases already spent) as the session's `statement_timeout`:
@@ -499,42 +223,36 @@ class PostgresWorkStorage(SqlWorkStorage):
         fails the claim instead of stalling every later one. A connection that stops
         answering is given `CLAIM_TIMEOUT_GRACE_S` more: then `TimeoutError`, and the
         connection is closed."""
-        if self._held is None or not kinds or limit < 1:
+        if self._connections is None or not kinds or limit < 1:
             return await super().claim_next(lane, kinds, worker_id, lease, limit=limit)
-        sql = self._claim_sqls.get(len(kinds))
-        if sql is None:
-            sql = self._claim_sqls[len(kinds)] = _claim_sql(len(kinds))
+        claim = claim_statement(len(kinds))
+        values = claim_values(lane, kinds, worker_id, lease, limit)
         try:
-            async with self._held.statements(EMPTY_UUID, timeout_s=lease) as held:
-                if held is None:
+            async with self._connections.statements(EMPTY_UUID, timeout_s=lease) as conn:
+                if conn is None:
                     return await super().claim_next(lane, kinds, worker_id, lease, limit=limit)
-                kind_values = [kind.value for kind in kinds]
                 timeout_s = lease + CLAIM_TIMEOUT_GRACE_S
-                rows = await held.fetch(
-                    sql, lane, limit, worker_id, lease, *kind_values, timeout_s=timeout_s
-                )
+                rows = await conn.fetch(claim.numbered, *values, timeout_s=timeout_s)
                 read = rows_read([dict(row) for row in rows])
-                dead = [await _dead_letter_unreadable(held, row) for row in read.unreadable]
-        except _Unsent:
+                dead = [await _dead_letter_unreadable(conn, row) for row in read.unreadable]
+        except Unsent:
             return await super().claim_next(lane, kinds, worker_id, lease, limit=limit)
         items = sorted(read, key=lambda i: (i.available_at, i.id))
         return WorkRows(items, [row for row in dead if row is not None])
 
-    async def complete_items(self, org_id: UUID, held: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
-        """See `SqlWorkStorage.complete_items`: the same statement, each row fenced on its
-        own token (joined to the `(id, claim_token)` pairs), under tenant `org_id`, on a held
-        connection when one is free."""
-        if self._held is None or not held:
-            return await super().complete_items(org_id, held)
-        ids = [item_id for item_id, _ in held]
-        tokens = [token for _, token in held]
+    async def complete_items(self, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
+        """See `SqlWorkStorage.complete_items`: the same statement (`COMPLETE`), under tenant
+        `org_id`, on a held connection when one is free."""
+        if self._connections is None or not claims:
+            return await super().complete_items(org_id, claims)
+        values = complete_values(org_id, claims)
         try:
-            async with self._held.statements(org_id) as conn:
+            async with self._connections.statements(org_id) as conn:
                 if conn is None:
-                    return await super().complete_items(org_id, held)
-                return {row[0] for row in await conn.fetch(_COMPLETE_SQL, ids, tokens, org_id)}
-        except _Unsent:
-            return await super().complete_items(org_id, held)
+                    return await super().complete_items(org_id, claims)
+                return {row[0] for row in await conn.fetch(COMPLETE.numbered, *values)}
+        except Unsent:
+            return await super().complete_items(org_id, claims)
 
     def _now(self) -> ColumnElement[datetime]:
         return type_coerce(func.statement_timestamp(), UtcDateTime)
@@ -578,54 +296,56 @@ class PostgresWorkStorage(SqlWorkStorage):
             return None
         return _listen(engine(DatabaseRole.QUEUE))
 
-    def _new_token(self) -> ColumnElement[UUID]:
-        return func.gen_random_uuid()
-
     def _insert(self) -> Insert:
         return insert(t).on_conflict_do_nothing()
 
     async def _insert_rows(
         self, conn: AsyncConnection, org_id: UUID, items: Sequence[WorkItem]
     ) -> dict[UUID, datetime]:
-        """The insert as one statement over column arrays (`INSERT ... SELECT FROM unnest`):
-        one small prepared statement whatever the batch holds, instead of a VALUES list
-        of 23 parameters a row (pgqueuer enqueues batches the same way)."""
-        form = _insert_form(items)
-        org, *arrays = form.values(org_id, items)
-        params = {"org_id": org} | {f"a_{n}": a for n, a in zip(form.bound, arrays, strict=True)}
-        result = await conn.execute(self._unnest_inserts[form], params)
+        """The insert as one statement over column arrays (`INSERTS`, `INSERT ... SELECT
+        FROM unnest`): one small prepared statement whatever the batch holds, instead of a
+        VALUES list of 23 parameters a row (pgqueuer enqueues batches the same way)."""
+        form = insert_form(items)
+        unnest = INSERTS[form, False]
+        result = await conn.execute(unnest.named, unnest.params(form.values(org_id, items)))
         return {row.id: row.available_at for row in result}
 
-    @cached_property
-    def _unnest_inserts(self) -> dict[_InsertForm, TextualSelect]:
-        """`_INSERT_SQL` with SQLAlchemy's named parameters (the funnel session's path)."""
-        return {
-            form: text(form.sql([":org_id", *(f":a_{name}" for name in form.bound)])).columns(
-                t.c.id, t.c.available_at
-            )
-            for form in (_FULL_INSERT, _FRESH_INSERT)
-        }
+    async def _holders(
+        self, conn: AsyncConnection, org_id: UUID, missing: Sequence[WorkItem]
+    ) -> list[WorkItem]:
+        """See `SqlWorkStorage._holders`: `HOLDERS`."""
+        params = HOLDERS.params(holders_values(org_id, missing))
+        return [row_to_item(row._mapping) for row in await conn.execute(HOLDERS.named, params)]
 
-    def _claim_statement(
-        self, claim: Update, candidates: ColumnElement[bool], limit: BindParameter[int]
-    ) -> Update:
-        """One statement: a CTE locks up to `limit` due rows, skipping locked ones, and the
-        UPDATE claims exactly those (River's `JobGetAvailable`, Oban's `fetch_jobs`).
+    async def _claim_rows(
+        self,
+        conn: AsyncConnection,
+        lane: str,
+        kinds: Sequence[WorkKind],
+        worker_id: str,
+        lease_s: float,
+        limit: int,
+    ) -> Sequence[Mapping[Any, Any]]:
+        """See `SqlWorkStorage._claim_rows`: `claim_statement`."""
+        claim = claim_statement(len(kinds))
+        params = claim.params(claim_values(lane, kinds, worker_id, lease_s, limit))
+        return [row._mapping for row in await conn.execute(claim.named, params)]
 
-        `SKIP LOCKED` lets concurrent claimers pass each other's rows instead of waiting;
-        the CTE fences the LIMIT, so the UPDATE never touches more rows than it picked.
-        For one kind the order is the claim index's (`ix_work_items_claimable`), so the
-        scan stops after `limit` rows.
-        """
-        picked = (
-            select(t.c.id)
-            .where(candidates)
-            .order_by(t.c.available_at, t.c.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-            .cte("picked")
-        )
-        return claim.where(t.c.id == picked.c.id).returning(*t.c)
+    async def _complete_rows(
+        self, conn: AsyncConnection, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]
+    ) -> set[UUID]:
+        """See `SqlWorkStorage._complete_rows`: `COMPLETE`."""
+        params = COMPLETE.params(complete_values(org_id, claims))
+        return set((await conn.execute(COMPLETE.named, params)).scalars())
+
+    async def _fail_unreadable(
+        self, conn: AsyncConnection, row: UnreadableRow
+    ) -> Mapping[Any, Any] | None:
+        """See `SqlWorkStorage._fail_unreadable`: `UNREADABLE_DEAD_LETTER`."""
+        dead_letter = UNREADABLE_DEAD_LETTER
+        params = dead_letter.params(unreadable_values(row))
+        written = (await conn.execute(dead_letter.named, params)).first()
+        return None if written is None else written._mapping
 
 
 @asynccontextmanager
@@ -675,17 +395,17 @@ async def _listen(engine: AsyncEngine) -> AsyncIterator[AsyncIterator[tuple[str,
 
 
 async def _create_items_on(
-    held: _Held, org_id: UUID, items: Sequence[WorkItem], written: set[UUID]
+    conn: HeldConnection, org_id: UUID, items: Sequence[WorkItem], written: set[UUID]
 ) -> list[Created]:
     """`SqlWorkStorage.create_items` on a held connection. `written` holds every item's id
     while the insert is on its way (it may have been written whatever becomes of the
     answer), then the ids the insert did write."""
-    form, one = _insert_form(items), len(items) == 1
+    form, one = insert_form(items), len(items) == 1
     values = form.values(org_id, items, one=one)
     written.update(item.id for item in items)
     try:
-        rows = await held.fetch(_INSERT_SQL[form, one], *values)
-    except _Unsent:
+        rows = await conn.fetch(INSERTS[form, one].numbered, *values)
+    except Unsent:
         written.clear()  # never sent: nothing of it was written
         raise
     available = {row[0]: row[1] for row in rows}
@@ -693,386 +413,15 @@ async def _create_items_on(
     missing = [item for item in items if item.id not in available]
     found: list[WorkItem] = []
     if missing:
-        ids = [item.id for item in missing]
-        keys = [item.idempotency_key for item in missing if item.idempotency_key is not None]
-        holders = await held.fetch(_HOLDERS_SQL, org_id, ids, keys)
+        holders = await conn.fetch(HOLDERS.numbered, *holders_values(org_id, missing))
         found = [row_to_item(dict(row)) for row in holders]
     return created_items(org_id, items, available, found)
 
 
-async def _dead_letter_unreadable(held: _Held, row: UnreadableRow) -> UnreadableRow | None:
+async def _dead_letter_unreadable(conn: HeldConnection, row: UnreadableRow) -> UnreadableRow | None:
     """`SqlWorkStorage._dead_letter_unreadable` on a held connection, after the claim: the
     row as written, None when the fence no longer matched."""
-    written = await held.fetch(
-        _UNREADABLE_SQL,
-        row.id,
-        row.org_id,
-        row.values.get("claim_token"),
-        f"{UNREADABLE}: {row.problem}"[:2000],
-    )
+    written = await conn.fetch(UNREADABLE_DEAD_LETTER.numbered, *unreadable_values(row))
     if not written:
         return None
     return UnreadableRow(row.id, row.org_id, row.column, row.reason, dict(written[0]))
-
-
-# The longest `statement_timeout` PostgreSQL takes (ms; a 32-bit int, about 24.8 days): a
-# longer lease is given this one.
-_MAX_TIMEOUT_MS = 2_147_483_647
-
-# What a held connection's session is set to: the tenant (a UUID's own text) and the
-# `statement_timeout` in ms (None: the role's own).
-_Scope = tuple[str, int | None]
-
-
-def _transaction_sql(scope: _Scope) -> str:
-    """The simple query (one round trip) that opens a transaction under `scope`, set for
-    the transaction alone."""
-    tenant, timeout_ms = scope
-    timeout = (
-        "" if timeout_ms is None else f", set_config('statement_timeout', '{timeout_ms}', true)"
-    )
-    return f"BEGIN; SELECT set_config('app.org_id', '{tenant}', true){timeout}"
-
-
-def _scope_sql(scope: _Scope) -> str:
-    """The simple query (one round trip) that sets a session to `scope`."""
-    tenant, timeout_ms = scope
-    if timeout_ms is None:
-        return f"RESET statement_timeout; SELECT set_config('app.org_id', '{tenant}', false)"
-    return (
-        f"SELECT set_config('app.org_id', '{tenant}', false),"
-        f" set_config('statement_timeout', '{timeout_ms}', false)"
-    )
-
-
-@dataclass(eq=False)
-class _Held:
-    """A connection `HeldConnections` holds: the pool's proxy, its asyncpg connection,
-    whether it reaches the server directly, what its session is set to (`_Scope`; None
-    before the first call sets it, and always through a proxy) and when it was last given
-    back (the event loop's clock, s)."""
-
-    proxy: PoolProxiedConnection
-    raw: asyncpg.Connection
-    direct: bool  # straight to the server: its session may carry the scope
-    scope: _Scope | None = None
-    idle_since: float = 0.0
-    sent: bool = False  # whether the current call has sent a statement
-
-    async def fetch(self, sql: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
-        """`asyncpg.Connection.fetch` (the rows as `asyncpg.Record`s); raises `_Unsent`
-        when the call's first statement could not be sent: asyncpg found its connection in
-        another operation's state (`InternalClientError` "cannot switch to state ...",
-        raised before a message is written; the server ended the connection and asyncpg
-        has not yet seen the socket close), so the call may run in a funnel session."""
-        first, self.sent = not self.sent, True
-        try:
-            return await self.raw.fetch(sql, *args, timeout=timeout_s)
-        except asyncpg.InternalClientError as exc:
-            if first and type(exc) is asyncpg.InternalClientError and _NOT_SENT in str(exc):
-                raise _Unsent(str(exc)) from exc
-            raise
-
-
-# How asyncpg words the `InternalClientError` of a statement it refused to send.
-_NOT_SENT = "cannot switch to state"
-
-
-class _Unsent(Exception):
-    """A call's first statement on a held connection was never sent (`_Held.fetch`)."""
-
-
-async def _rolled_back(raw: asyncpg.Connection) -> bool:
-    """`ROLLBACK` on `raw` after the server refused a statement of its transaction; False
-    when the rollback fails too (the caller then closes it)."""
-    try:
-        await raw.execute("ROLLBACK")
-    except Exception:
-        return False
-    return True
-
-
-class HeldConnections:
-    """Up to `limit` connections of `engine`'s pool, checked out and kept for the queue's
-    busiest statements (the enqueue, the claim, the completions), each statement its own
-    transaction (autocommit) under the tenant its connection's session is set to.
-
-    A funnel session costs SQLAlchemy's checkout, its engine and its greenlet bridge around
-    four round trips: about 0.6 ms of CPU here, where the statement itself costs 0.07
-    (docs/performance.md, the cost model). On a held connection the statement is one round
-    trip: asyncpg's prepared statement, alone. The tenant row-level security reads
-    (`app.org_id`), and the claim's `statement_timeout`, are set on the connection's
-    session (`set_config(..., false)`, one round trip) by the first call that needs them
-    and kept while calls with the same needs follow (a call takes the idle connection
-    already set as it needs when there is one): the claim's system scope stays set on the
-    claim's connection, a completion's tenant on the completion's. Nothing of it leaves the
-    storage: a held connection goes back to its pool only after `RESET app.org_id; RESET
-    statement_timeout` (closed when the reset fails), and a connection that fails is
-    closed, never given back (docs/decisions/0022).
-
-    A session's settings are the session's only on a connection straight to the server. A
-    connection pooler in transaction mode (PgBouncer's `pool_mode = transaction`, and
-    the like) runs each statement on whichever server connection is free, where a session
-    setting would reach other clients and miss the next statement. So a connection whose
-    server process (`pg_backend_pid()`, asked once when it is checked out) is not the one
-    the connection was opened with (`asyncpg.Connection.get_server_pid()`: a pooler hands
-    its clients its own) runs each call as one transaction instead, three round trips:
-    `BEGIN` with the tenant (and the timeout) set for the transaction alone
-    (`set_config(..., true)`), the caller's statements, `COMMIT`. `session_scope=False`
-    does the same for every connection (a proxy that passes the server's process id
-    through); True trusts every connection to be direct. Within one of its transactions
-    a session of the host sets the tenant itself (docs/host-contract.md, Storage funnel),
-    which overrides the session's value.
-
-    A held connection whose statement the server refused (`asyncpg.PostgresError`: a
-    privilege, a constraint) is kept (autocommit leaves no transaction open); one that fails
-    otherwise or is cancelled during a call is closed, never reused; one found closed before
-    the caller's statement ran (the server ended it while it sat idle: asyncpg saw the
-    socket close) or failing as its new tenant is set makes `statements` yield None, so the
-    caller takes a funnel session instead and its statement runs exactly once. A connection
-    that fails during the caller's statement raises what asyncpg raises: whether that
-    statement committed is unknown (docs/decisions/0022). Disposing of the engine (the
-    funnel's `dispose()`) closes the idle ones and each busy one as it finishes.
-
-    A connection is held only while calls keep coming and the pool can spare it: one unused
-    for `idle_s` seconds (`HELD_IDLE_S`) goes back to the pool; a connection is checked out
-    to be held only while the pool would still have another to hand out, and one whose call
-    ends while every connection of the pool's size is checked out (itself included) goes
-    back at once, as does an idle one when another checkout (a session of the host) takes
-    the pool's last free connection. So a process that enqueues now and then holds nothing
-    between its calls, a pool of one connection is never held, and a session of the host
-    waits for a held connection at most as long as one call on it and its reset.
-    """
-
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        limit: int,
-        *,
-        idle_s: float = HELD_IDLE_S,
-        session_scope: bool | None = None,
-    ) -> None:
-        self._engine = engine
-        self._session_scope = session_scope
-        self._limit = limit
-        self._idle_s = idle_s
-        self._idle: list[_Held] = []  # the most recently given back last
-        self._count = 0  # held: idle, in a call, or being checked out
-        self._generation = 0  # bumped by every dispose of the engine
-        self._listening = False
-        self._watching = False
-        self._sweep: asyncio.TimerHandle | None = None
-        self._checking_in: set[asyncio.Task[None]] = set()
-
-    @asynccontextmanager
-    async def statements(
-        self, org_id: UUID, *, timeout_s: float | None = None
-    ) -> AsyncIterator[_Held | None]:
-        """A held connection under the tenant `org_id` (and, given `timeout_s`, a
-        `statement_timeout` of that many seconds; else the role's own): each statement the
-        caller sends its own transaction, or, through a proxy, all of them one transaction
-        committed when the block ends; None when no connection is free (the caller opens a
-        funnel session).
-
-        Raises what asyncpg raises from the caller's statements (a transaction is then
-        rolled back), and `_Unsent` when the first of them could not be sent (the
-        connection is closed either way).
-        """
-        # A UUID's own text: nothing else reaches the SQL.
-        tenant = str(org_id) if type(org_id) is UUID else str(UUID(str(org_id)))
-        timeout_ms = (
-            None if timeout_s is None else min(max(1, math.ceil(timeout_s * 1000)), _MAX_TIMEOUT_MS)
-        )
-        scope: _Scope = (tenant, timeout_ms)
-        held = await self._take(scope)
-        if held is None:
-            yield None
-            return
-        generation = self._generation
-        if held.raw.is_closed():  # the server ended it while it sat idle
-            self._drop(held)
-            yield None
-            return
-        opening = (
-            _transaction_sql(scope)
-            if not held.direct
-            else (_scope_sql(scope) if held.scope != scope else None)
-        )
-        if opening is not None:
-            try:
-                await held.raw.execute(opening)
-                opened = True
-            except Exception:
-                opened = False  # dropped while it sat idle: nothing of the caller's ran yet
-            except BaseException:
-                self._drop(held)
-                raise
-            if not opened:
-                self._drop(held)
-                yield None
-                return
-            if held.direct:
-                held.scope = scope
-        held.sent = False
-        try:
-            yield held
-            if not held.direct:
-                await held.raw.execute("COMMIT")
-        except asyncpg.PostgresError:
-            # The server refused a statement (a privilege, a constraint, a timeout): the
-            # connection itself may be sound, so it is kept when nothing is left open (a
-            # statement that ran alone) or its transaction rolls back.
-            kept = False
-            try:
-                kept = not held.raw.is_closed() and (
-                    not held.raw.is_in_transaction() or await _rolled_back(held.raw)
-                )
-            finally:
-                if kept:
-                    self._give_back(held, generation)
-                else:
-                    self._drop(held)
-            raise
-        except BaseException:
-            self._drop(held)
-            raise
-        self._give_back(held, generation)
-
-    def _give_back(self, held: _Held, generation: int) -> None:
-        """Keep `held` for the next call, unless the engine was disposed meanwhile (closed)
-        or every connection of its pool's size is checked out, `held` included (checked in
-        at once: a session of the host may be waiting for it, or will be)."""
-        if generation != self._generation:
-            self._drop(held)
-            return
-        if not self._pool_can_spare(taking=0):
-            self._check_in(held)  # held, it would leave the pool no connection to hand out
-            return
-        loop = asyncio.get_running_loop()
-        held.idle_since = loop.time()
-        self._idle.append(held)
-        if self._sweep is None:
-            self._sweep = loop.call_later(self._idle_s, self._check_in_unused)
-
-    def _pool_can_spare(self, *, taking: int) -> bool:
-        """Whether the pool would still have a connection to hand out with `taking` more
-        checked out (those held included): below its size (`QueuePool.size()`, overflow
-        aside). A pool without a size (`NullPool`) always can."""
-        pool = self._engine.sync_engine.pool
-        size, checked_out = getattr(pool, "size", None), getattr(pool, "checkedout", None)
-        if not callable(size) or not callable(checked_out):
-            return True
-        return int(checked_out()) + taking < int(size())
-
-    def _on_checkout(self, _dbapi: object, _record: object, _proxy: object) -> None:
-        """The pool's `checkout` event: a checkout (a session of the host, say) that leaves
-        the pool no connection to hand out gives back the least recently used idle held
-        connection at once, so the next session waits for its reset, not for `idle_s`."""
-        if not self._idle or self._pool_can_spare(taking=0):
-            return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return  # a checkout outside the event loop's thread: the sweep gives it back
-        self._check_in(self._idle.pop(0))
-
-    def _check_in_unused(self) -> None:
-        """The sweep's timer: check in every connection idle for `idle_s`, and set the timer
-        again for the next one while any is idle."""
-        self._sweep = None
-        loop = asyncio.get_running_loop()
-        cutoff = loop.time() - self._idle_s
-        unused = [held for held in self._idle if held.idle_since <= cutoff]
-        self._idle = [held for held in self._idle if held.idle_since > cutoff]
-        for held in unused:
-            self._check_in(held)
-        if self._idle:
-            soonest = min(held.idle_since for held in self._idle) + self._idle_s
-            self._sweep = loop.call_at(soonest, self._check_in_unused)
-
-    def _check_in(self, held: _Held) -> None:
-        """Give `held` back to its pool with its session's tenant and statement timeout
-        reset (in a task: both await the driver); a reset or check-in that fails closes
-        it."""
-        self._count -= 1
-
-        async def check_in() -> None:
-            try:
-                if held.scope is not None:
-                    await held.raw.execute("RESET app.org_id; RESET statement_timeout")
-                    held.scope = None
-                await greenlet_spawn(held.proxy.close)
-            except Exception:
-                with contextlib.suppress(Exception):
-                    held.proxy.invalidate()
-                    held.proxy.close()
-
-        task = asyncio.get_running_loop().create_task(check_in())
-        self._checking_in.add(task)
-        task.add_done_callback(self._checking_in.discard)
-
-    async def _take(self, scope: _Scope) -> _Held | None:
-        for n in range(len(self._idle) - 1, -1, -1):
-            if self._idle[n].scope == scope:
-                return self._idle.pop(n)
-        if self._idle:
-            # The most recently used: under a light load the others stay unused and go
-            # back to the pool.
-            return self._idle.pop()
-        if self._count >= self._limit or not self._pool_can_spare(taking=1):
-            return None  # the caller takes a funnel session, waiting as sessions do
-        if not self._listening:
-            event.listen(self._engine.sync_engine, "engine_disposed", self._disposed, once=True)
-            self._listening = True
-        if not self._watching:  # the pool's listeners outlive a dispose: registered once
-            event.listen(self._engine.sync_engine, "checkout", self._on_checkout)
-            self._watching = True
-        self._count += 1
-        try:
-            proxy = await self._engine.raw_connection()
-        except Exception:
-            self._count -= 1
-            return None
-        except BaseException:
-            self._count -= 1
-            raise
-        raw = proxy.driver_connection
-        if not isinstance(raw, asyncpg.Connection):
-            self._close_taken(proxy)
-            return None
-        try:
-            direct = self._session_scope is True or (
-                self._session_scope is None
-                and await raw.fetchval("SELECT pg_backend_pid()") == raw.get_server_pid()
-            )
-        except Exception:
-            self._close_taken(proxy)  # dropped already: the caller takes a funnel session
-            return None
-        except BaseException:
-            self._close_taken(proxy)
-            raise
-        return _Held(proxy, raw, direct)
-
-    def _close_taken(self, proxy: PoolProxiedConnection) -> None:
-        """Close a connection checked out to be held (its pool slot is freed)."""
-        self._count -= 1
-        with contextlib.suppress(Exception):
-            proxy.invalidate()
-            proxy.close()
-
-    def _drop(self, held: _Held) -> None:
-        """Close `held` (its pool slot is freed); safe while the caller is being cancelled:
-        nothing here awaits."""
-        self._close_taken(held.proxy)
-
-    def _disposed(self, _engine: Engine) -> None:
-        """`engine_disposed`: close the idle connections (inside the dispose's greenlet,
-        so each closes gracefully); a busy one is closed when its call ends."""
-        self._listening = False
-        self._generation += 1
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
-        idle, self._idle = self._idle, []
-        for held in idle:
-            self._drop(held)

@@ -2,27 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import ClassVar
+from functools import cached_property
+from typing import Any, ClassVar
 from uuid import UUID
 
 from sqlalchemy import (
-    BindParameter,
     ColumnElement,
     Float,
     Insert,
     Text,
     Update,
     Uuid,
+    bindparam,
     func,
+    literal,
     select,
+    tuple_,
     type_coerce,
+    update,
 )
 from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from acme.om.work.storage.impl.sql import SqlWorkStorage
+from acme.om.types import EMPTY_UUID
+from acme.om.work.storage.impl.sql import SqlWorkStorage, unreadable_error
 from acme.om.work.storage.tables.work_items import UtcDateTime, work_items
+from acme.om.work.types.work_item import UnreadableRow, WorkKind, WorkStatus
 
 t = work_items
 
@@ -60,31 +67,141 @@ class SqliteWorkStorage(SqlWorkStorage):
         days = func.julianday("now", type_=Float) - func.julianday(moment, type_=Float)
         return days * 86400.0
 
-    def _new_token(self) -> ColumnElement[UUID]:
-        # 32 hex digits: the form SQLAlchemy's `Uuid` stores on SQLite.
-        return type_coerce(func.lower(func.hex(func.randomblob(16))), Uuid)
-
     def _insert(self) -> Insert:
         return insert(t).on_conflict_do_nothing()
 
-    async def _before_claim(self, conn: AsyncConnection) -> None:
-        """`BEGIN IMMEDIATE`: the claim's transaction takes the database's write lock
-        before it reads, so a second claimer waits (up to the funnel's busy timeout)
-        instead of reading the same rows and failing to upgrade its lock; the driver opens
-        no transaction of its own before this statement, and commits this one when the
-        session ends."""
+    async def _claim_rows(
+        self,
+        conn: AsyncConnection,
+        lane: str,
+        kinds: Sequence[WorkKind],
+        worker_id: str,
+        lease_s: float,
+        limit: int,
+    ) -> Sequence[Mapping[Any, Any]]:
+        """See `SqlWorkStorage._claim_rows`: `BEGIN IMMEDIATE` first, so the claim's
+        transaction takes the database's write lock before it reads and a second claimer
+        waits (up to the funnel's busy timeout) instead of reading the same rows and failing
+        to upgrade its lock; the driver opens no transaction of its own before it, and
+        commits this one when the session ends."""
         await conn.exec_driver_sql("BEGIN IMMEDIATE")
+        params = {
+            "claim_lane": lane,
+            "claim_kinds": [kind.value for kind in kinds],
+            "claim_worker": worker_id,
+            "claim_lease": lease_s,
+            "claim_limit": limit,
+        }
+        return [r._mapping for r in await conn.execute(self._claim_stmt, params)]
 
-    def _claim_statement(
-        self, claim: Update, candidates: ColumnElement[bool], limit: BindParameter[int]
-    ) -> Update:
-        """One statement, `UPDATE ... WHERE id IN (SELECT ... LIMIT k) RETURNING`, run under
-        the write lock `_before_claim` took, so no two claimers can take one row."""
+    @cached_property
+    def _claim_stmt(self) -> Update:
+        """One statement, `UPDATE ... WHERE id IN (SELECT ... LIMIT k) RETURNING`, built once
+        (parameters prefixed `claim_`: one may not share a column's name in an UPDATE), run
+        under the write lock `_claim_rows` took, so no two claimers can take one row."""
+        now = self._now()
         picked = (
             select(t.c.id)
-            .where(candidates)
+            .where(
+                (t.c.status == WorkStatus.AVAILABLE.value)
+                & (t.c.lane == bindparam("claim_lane"))
+                & t.c.kind.in_(bindparam("claim_kinds", expanding=True))
+                & (t.c.available_at <= now)
+                & t.c.deleted_at.is_(None)
+                & (t.c.attempts < t.c.max_attempts)
+            )
             .order_by(t.c.available_at, t.c.id)
-            .limit(limit)
+            .limit(bindparam("claim_limit"))
             .scalar_subquery()
         )
-        return claim.where(t.c.id.in_(picked)).returning(*t.c)
+        return (
+            update(t)
+            .where(t.c.id.in_(picked))
+            .values(
+                status=WorkStatus.CLAIMED.value,
+                attempts=t.c.attempts + 1,
+                claimed_by=bindparam("claim_worker"),
+                # 32 hex digits: the form SQLAlchemy's `Uuid` stores on SQLite.
+                claim_token=type_coerce(func.lower(func.hex(func.randomblob(16))), Uuid),
+                claimed_at=now,
+                lease_expires_at=self._after(bindparam("claim_lease", type_=Float)),
+                note=None,
+                updated_at=now,
+                updated_by=EMPTY_UUID,
+            )
+            .returning(*t.c)
+        )
+
+    async def _complete_rows(
+        self, conn: AsyncConnection, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]
+    ) -> set[UUID]:
+        """See `SqlWorkStorage._complete_rows`: each row fenced on its own token by the
+        `(id, claim_token)` row-value match in its WHERE clause."""
+        params = {"done_org_id": org_id, "done_claims": list(claims)}
+        return set((await conn.execute(self._complete_stmt, params)).scalars())
+
+    @cached_property
+    def _complete_stmt(self) -> Update:
+        now = self._now()
+        return (
+            update(t)
+            .where(
+                tuple_(t.c.id, t.c.claim_token).in_(bindparam("done_claims", expanding=True)),
+                t.c.org_id == bindparam("done_org_id"),
+                t.c.status == WorkStatus.CLAIMED.value,
+                t.c.lease_expires_at > now,
+            )
+            .values(
+                status=WorkStatus.COMPLETED.value,
+                claimed_by=None,
+                claim_token=None,
+                claimed_at=None,
+                lease_expires_at=None,
+                completed_at=now,
+                updated_at=now,
+                updated_by=EMPTY_UUID,
+            )
+            .returning(t.c.id)
+        )
+
+    async def _fail_unreadable(
+        self, conn: AsyncConnection, row: UnreadableRow
+    ) -> Mapping[Any, Any] | None:
+        """See `SqlWorkStorage._fail_unreadable`."""
+        params = {
+            "u_id": row.id,
+            "u_org_id": row.org_id,
+            "u_token": row.values.get("claim_token"),
+            "u_error": unreadable_error(row),
+        }
+        written = (await conn.execute(self._unreadable_stmt, params)).first()
+        return None if written is None else written._mapping
+
+    @cached_property
+    def _unreadable_stmt(self) -> Update:
+        """The dead letter of a claimed row that cannot be read; parameters prefixed `u_`."""
+        now = self._now()
+        token = bindparam("u_token", type_=t.c.claim_token.type)
+        return (
+            update(t)
+            .where(
+                t.c.id == bindparam("u_id", type_=t.c.id.type),
+                t.c.org_id == bindparam("u_org_id", type_=t.c.org_id.type),
+                t.c.claim_token == token,
+                t.c.status == WorkStatus.CLAIMED.value,
+                t.c.lease_expires_at > now,
+            )
+            .values(
+                status=WorkStatus.FAILED.value,
+                claimed_by=None,
+                claim_token=None,
+                claimed_at=None,
+                lease_expires_at=None,
+                last_error=bindparam("u_error", type_=Text),
+                audit_owed_token=token,
+                audit_owed_reason=literal("unreadable", Text),
+                updated_at=now,
+                updated_by=EMPTY_UUID,
+            )
+            .returning(*t.c)
+        )

@@ -1,0 +1,386 @@
+"""The queue's hot statements on PostgreSQL, each written once as text over its parameters'
+placeholders (`Statement`): numbered (`$1`) for asyncpg on a held connection, where each is
+prepared once per connection and never compiled again, and named (`:name`) for SQLAlchemy
+in a funnel session. The enqueue's insert and its read of the rows it skipped, the bulk
+enqueue, the claim, the completion and the dead letter of an unreadable row; each write
+after the insert is fenced on the claim token in its own WHERE clause (docs/decisions/0005,
+0021). The contract suite runs every case on both paths.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import ColumnElement, TextClause, TextualSelect, text
+
+from acme.om.types import EMPTY_UUID
+from acme.om.work.storage import NewItems
+from acme.om.work.storage.impl.sql import unreadable_error
+from acme.om.work.storage.tables.work_items import work_items
+from acme.om.work.types.work_item import UnreadableRow, WorkItem, WorkKind, WorkStatus
+
+t = work_items
+
+
+@dataclass(frozen=True, eq=False)
+class Statement:
+    """One statement in both bind styles: `numbered` for asyncpg (`$1`, ...), `named` for
+    SQLAlchemy (`:name`, its result typed as the table's columns it returns), and its
+    parameters' `names` in order."""
+
+    names: tuple[str, ...]
+    numbered: str
+    named: TextClause | TextualSelect
+
+    def params(self, values: Sequence[Any]) -> dict[str, Any]:
+        """`values`, in `names` order, as the named form's parameters."""
+        return dict(zip(self.names, values, strict=True))
+
+
+def statement(
+    write: Callable[[Sequence[str]], str],
+    names: Sequence[str],
+    returns: Sequence[ColumnElement[Any]] = (),
+) -> Statement:
+    """The statement `write` writes over the placeholders of `names` (one per name, in
+    order), in both bind styles; `returns` types the named form's result columns."""
+    named = text(write([f":{name}" for name in names]))
+    return Statement(
+        tuple(names),
+        write([f"${n}" for n in range(1, len(names) + 1)]),
+        named.columns(*returns) if returns else named,
+    )
+
+
+# Every column an enqueue writes but `org_id` (bound once, not per row), with its PostgreSQL
+# type, as the unnest insert binds them; `delay` is not a column: the database adds it to its
+# clock for `available_at`.
+_ARRAY_COLUMNS = {
+    "id": "uuid",
+    "kind": "text",
+    "lane": "text",
+    "payload": "text",
+    "status": "text",
+    "attempts": "integer",
+    "max_attempts": "integer",
+    "delay": "float8",
+    "claimed_by": "text",
+    "claim_token": "uuid",
+    "claimed_at": "timestamptz",
+    "lease_expires_at": "timestamptz",
+    "last_error": "text",
+    "note": "text",
+    "idempotency_key": "text",
+    "request_id": "uuid",
+    "traceparent": "text",
+    "completed_at": "timestamptz",
+    "created_at": "timestamptz",
+    "updated_at": "timestamptz",
+    "created_by": "uuid",
+    "updated_by": "uuid",
+    "deleted_at": "timestamptz",
+}
+
+# What a fresh item (`fresh`: every enqueue through the manager) leaves to the statement:
+# the columns an item that never ran holds, written as SQL (over the row's other columns,
+# named in braces), so the insert binds 11 columns instead of 23 (each costs its encoding
+# in the driver, and an array its unnest in the server, a single enqueue as much as a batch).
+_FRESH_FIXED = {
+    "status": f"'{WorkStatus.AVAILABLE.value}'",
+    "attempts": "0",
+    "updated_at": "{created_at}",
+    "updated_by": "{created_by}",
+}
+_FRESH_COLUMNS = {
+    name: _ARRAY_COLUMNS[name]
+    for name in (
+        "id",
+        "kind",
+        "lane",
+        "payload",
+        "max_attempts",
+        "delay",
+        "idempotency_key",
+        "request_id",
+        "traceparent",
+        "created_at",
+        "created_by",
+    )
+}
+
+
+def fresh(item: WorkItem) -> bool:
+    """Whether `item` holds what an item that never ran holds (available, no attempt spent,
+    no claim, no error or note, never completed nor deleted, last changed when and by whom
+    it was created): the insert then writes those columns in SQL (`_FRESH_FIXED`)."""
+    return (
+        item.status is WorkStatus.AVAILABLE
+        and item.attempts == 0
+        and item.claimed_by is None
+        and item.claim_token is None
+        and item.claimed_at is None
+        and item.lease_expires_at is None
+        and item.last_error is None
+        and item.note is None
+        and item.completed_at is None
+        and item.deleted_at is None
+        and item.updated_at == item.created_at
+        and item.updated_by == item.created_by
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class InsertForm:
+    """One shape of the enqueue's insert: `bound` columns (name to PostgreSQL type) are
+    parameters, `fixed` columns SQL over the bound ones (`{name}`). The insert binds one
+    array per bound column and unnests them (`INSERT ... SELECT FROM unnest`: one prepared
+    statement whatever the batch holds, as pgqueuer enqueues), or, for one item, one value
+    per column (`INSERT ... VALUES`: nothing to build into arrays and unnest)."""
+
+    bound: dict[str, str]
+    fixed: dict[str, str]
+
+    def sql(self, params: Sequence[str], *, one: bool = False) -> str:
+        """The insert, `params[0]` the tenant's parameter (`$1`, or `:org_id` for
+        SQLAlchemy) and `params[n]` the n-th bound column's (its array's, or with `one`
+        its value's): duplicates (an id or an idempotency key already stored) are skipped,
+        and each inserted row's `available_at` is the database's clock plus its `delay` in
+        seconds."""
+        names = list(self.bound)
+        typed = zip(names, params[1:], self.bound.values(), strict=True)
+        if one:
+            source = {name: f"CAST({param} AS {sql_type})" for name, param, sql_type in typed}
+        else:
+            source = {name: f"u.{name}" for name in names}
+        written = {"org_id": f"CAST({params[0]} AS uuid)"}
+        written.update(
+            (name, f"CAST({source[name]} AS jsonb)" if name == "payload" else source[name])
+            for name in names
+            if name != "delay"
+        )
+        written.update((name, sql.format_map(source)) for name, sql in self.fixed.items())
+        delay = source["delay"]
+        written["available_at"] = f"statement_timestamp() + make_interval(secs => {delay})"
+        head = f"INSERT INTO work_items ({', '.join(written)}) "
+        tail = " ON CONFLICT DO NOTHING RETURNING id, available_at"
+        if one:
+            return f"{head}VALUES ({', '.join(written.values())}){tail}"
+        arrays = ", ".join(
+            f"CAST({param} AS {sql_type}[])"
+            for param, sql_type in zip(params[1:], self.bound.values(), strict=True)
+        )
+        return (
+            f"{head}SELECT {', '.join(written.values())} "
+            f"FROM unnest({arrays}) AS u({', '.join(names)}){tail}"
+        )
+
+    def values(self, org_id: UUID, items: Sequence[WorkItem], *, one: bool = False) -> list[Any]:
+        """The insert's parameters: `org_id`, then per bound column the list of the items'
+        values, or with `one` the value of `items[0]`, in order."""
+        if one:
+            (item,) = items
+            return [org_id, *(_bound_value(item, name) for name in self.bound)]
+        return [org_id, *([_bound_value(item, name) for item in items] for name in self.bound)]
+
+
+def _bound_value(item: WorkItem, name: str) -> Any:
+    """Column `name` of `item` as the insert binds it (the payload as JSON text)."""
+    if name == "payload":
+        return json.dumps(item.payload)
+    if name == "status":
+        return item.status.value
+    return getattr(item, name)
+
+
+FULL_INSERT = InsertForm(_ARRAY_COLUMNS, {})
+FRESH_INSERT = InsertForm(_FRESH_COLUMNS, _FRESH_FIXED)
+
+
+def insert_form(items: Sequence[WorkItem]) -> InsertForm:
+    """The narrower insert when every item is fresh (`fresh`), else the full one."""
+    return FRESH_INSERT if all(fresh(item) for item in items) else FULL_INSERT
+
+
+# The bulk enqueue's parameters (`NewItems`), in order: one value each for the whole batch,
+# then the two arrays (ids, payloads as JSON text).
+_NEW_PARAMS = {
+    "org_id": "uuid",
+    "kind": "text",
+    "lane": "text",
+    "max_attempts": "integer",
+    "request_id": "uuid",
+    "traceparent": "text",
+    "created_at": "timestamptz",
+    "actor": "uuid",
+    "delay": "float8",
+    "ids": "uuid[]",
+    "payloads": "text[]",
+}
+
+
+def _new_sql(params: Sequence[str]) -> str:
+    """The bulk enqueue's insert, `params[n]` the parameter of the n-th `_NEW_PARAMS` entry:
+    what the batch shares is bound once, only the ids and the payloads per row."""
+    p = {
+        name: f"CAST({param} AS {sql_type})"
+        for (name, sql_type), param in zip(_NEW_PARAMS.items(), params, strict=True)
+    }
+    return (
+        "INSERT INTO work_items (id, org_id, kind, lane, payload, status, attempts,"
+        " max_attempts, request_id, traceparent, created_at, updated_at, created_by,"
+        " updated_by, available_at)"
+        f" SELECT u.id, {p['org_id']}, {p['kind']}, {p['lane']}, CAST(u.payload AS jsonb),"
+        f" '{WorkStatus.AVAILABLE.value}', 0, {p['max_attempts']}, {p['request_id']},"
+        f" {p['traceparent']}, {p['created_at']}, {p['created_at']}, {p['actor']},"
+        f" {p['actor']}, statement_timestamp() + make_interval(secs => {p['delay']})"
+        f" FROM unnest({p['ids']}, {p['payloads']}) AS u(id, payload)"
+        " ON CONFLICT DO NOTHING RETURNING id"
+    )
+
+
+def new_values(org_id: UUID, items: NewItems) -> list[Any]:
+    """`items`' parameters for `_new_sql`, in `_NEW_PARAMS` order."""
+    return [
+        org_id,
+        items.kind.value,
+        items.lane,
+        items.max_attempts,
+        items.request_id,
+        items.traceparent,
+        items.created_at,
+        items.actor,
+        max(items.delay, 0.0),
+        items.ids,
+        items.payloads,
+    ]
+
+
+_COLUMNS = ", ".join(f"work_items.{column.name}" for column in t.c)
+_RELEASED = (
+    "claimed_by = NULL, claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL,"
+    f" updated_at = statement_timestamp(), updated_by = '{EMPTY_UUID}'"
+)
+
+
+def _insert_statement(form: InsertForm, *, one: bool) -> Statement:
+    """`form`'s insert (`INSERTS`); parameters `org_id`, then `a_<column>` per bound one."""
+
+    def write(params: Sequence[str]) -> str:
+        return form.sql(params, one=one)
+
+    names = ["org_id", *(f"a_{name}" for name in form.bound)]
+    return statement(write, names, (t.c.id, t.c.available_at))
+
+
+# The enqueue's insert, by form and whether it is the one-item (`VALUES`) form.
+INSERTS = {
+    (form, one): _insert_statement(form, one=one)
+    for form in (FULL_INSERT, FRESH_INSERT)
+    for one in (False, True)
+}
+
+# The bulk enqueue (`new_values`).
+NEW = statement(_new_sql, list(_NEW_PARAMS))
+
+
+def _holders_sql(p: Sequence[str]) -> str:
+    """The stored rows of tenant `p[0]` holding the ids (`p[1]`) or idempotency keys
+    (`p[2]`) of items the insert skipped."""
+    return (
+        f"SELECT {_COLUMNS} FROM work_items WHERE org_id = {p[0]}"
+        f" AND (id = ANY(CAST({p[1]} AS uuid[])) OR idempotency_key = ANY(CAST({p[2]} AS text[])))"
+    )
+
+
+HOLDERS = statement(_holders_sql, ["org_id", "ids", "keys"], tuple(t.c))
+
+
+def holders_values(org_id: UUID, missing: Sequence[WorkItem]) -> list[Any]:
+    """`HOLDERS`' parameters for the items the insert skipped."""
+    keys = [item.idempotency_key for item in missing if item.idempotency_key is not None]
+    return [org_id, [item.id for item in missing], keys]
+
+
+@cache
+def claim_statement(kinds: int) -> Statement:
+    """The claim for `kinds` kinds, one parameter each (`kind IN (...)`: for one kind the
+    planner then reads `ix_work_items_claimable` in the claim's order and stops after the
+    limit, where `kind = ANY(...)` would sort every due row first). A CTE locks up to the
+    limit due rows, oldest `available_at` first (then `id`), skipping locked ones, and
+    fences the LIMIT; the UPDATE claims exactly those, each under a fresh token for the
+    lease (s) (River's `JobGetAvailable`). Parameters as `claim_values`."""
+    names = ["lane", "limit", "worker_id", "lease_s", *(f"kind_{n}" for n in range(kinds))]
+
+    def write(p: Sequence[str]) -> str:
+        lane, limit, worker_id, lease_s, *listed = p
+        return (
+            "WITH picked AS (SELECT id FROM work_items"
+            f" WHERE status = '{WorkStatus.AVAILABLE.value}' AND lane = {lane}"
+            f" AND kind IN ({', '.join(listed)})"
+            " AND available_at <= statement_timestamp() AND deleted_at IS NULL"
+            " AND attempts < max_attempts"
+            f" ORDER BY available_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED)"
+            f" UPDATE work_items SET status = '{WorkStatus.CLAIMED.value}',"
+            f" attempts = work_items.attempts + 1, claimed_by = {worker_id},"
+            " claim_token = gen_random_uuid(), claimed_at = statement_timestamp(),"
+            f" lease_expires_at = statement_timestamp() + make_interval(secs => {lease_s}),"
+            f" note = NULL, updated_at = statement_timestamp(), updated_by = '{EMPTY_UUID}'"
+            f" FROM picked WHERE work_items.id = picked.id RETURNING {_COLUMNS}"
+        )
+
+    return statement(write, names, tuple(t.c))
+
+
+def claim_values(
+    lane: str, kinds: Sequence[WorkKind], worker_id: str, lease_s: float, limit: int
+) -> list[Any]:
+    """`claim_statement(len(kinds))`'s parameters."""
+    return [lane, limit, worker_id, lease_s, *(kind.value for kind in kinds)]
+
+
+def _complete_sql(p: Sequence[str]) -> str:
+    """The completion of tenant `p[2]`'s rows, each fenced on its own token: the ids
+    (`p[0]`) and tokens (`p[1]`) as arrays, joined pairwise."""
+    return (
+        f"UPDATE work_items SET status = '{WorkStatus.COMPLETED.value}', {_RELEASED},"
+        " completed_at = statement_timestamp()"
+        f" FROM unnest(CAST({p[0]} AS uuid[]), CAST({p[1]} AS uuid[])) AS claims(id, claim_token)"
+        " WHERE work_items.id = claims.id AND work_items.claim_token = claims.claim_token"
+        f" AND work_items.org_id = {p[2]} AND work_items.status = '{WorkStatus.CLAIMED.value}'"
+        " AND work_items.lease_expires_at > statement_timestamp()"
+        " RETURNING work_items.id"
+    )
+
+
+COMPLETE = statement(_complete_sql, ["ids", "tokens", "org_id"], (t.c.id,))
+
+
+def complete_values(org_id: UUID, claims: Sequence[tuple[UUID, UUID]]) -> list[Any]:
+    """`COMPLETE`'s parameters for `(id, claim_token)` pairs."""
+    return [[item_id for item_id, _ in claims], [token for _, token in claims], org_id]
+
+
+def _unreadable_sql(p: Sequence[str]) -> str:
+    """The dead letter of claimed row `p[0]` of tenant `p[1]` that cannot be read, fenced on
+    the claim's token `p[2]` (recorded as the audit entry it owes), with error `p[3]`."""
+    item_id, org_id, token, error = p
+    return (
+        f"UPDATE work_items SET status = '{WorkStatus.FAILED.value}', {_RELEASED},"
+        f" last_error = {error}, audit_owed_token = {token}, audit_owed_reason = 'unreadable'"
+        f" WHERE id = {item_id} AND org_id = {org_id} AND claim_token = {token}"
+        f" AND status = '{WorkStatus.CLAIMED.value}' AND lease_expires_at > statement_timestamp()"
+        f" RETURNING {_COLUMNS}"
+    )
+
+
+UNREADABLE_DEAD_LETTER = statement(_unreadable_sql, ["id", "org_id", "token", "error"], tuple(t.c))
+
+
+def unreadable_values(row: UnreadableRow) -> list[Any]:
+    """`UNREADABLE_DEAD_LETTER`'s parameters for `row`."""
+    return [row.id, row.org_id, row.values.get("claim_token"), unreadable_error(row)]
