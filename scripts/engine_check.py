@@ -158,6 +158,9 @@ def main() -> int:
             "-q",
             "-n",
             "auto",
+            # A file's tests share one process: the worker-process tests run one at a time.
+            "--dist",
+            "loadfile",
             *selection,
             *extra,
             *map(str, tests),
