@@ -31,6 +31,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 from sqlalchemy.engine import make_url
+from work_network import RedisServer, SilencingProxy, free_port
 
 from acme.infra.container import Infra
 from acme.infra.settings import InfraSettings
@@ -43,9 +44,6 @@ from acme.workers.runtime.testing import (
     PROBE,
     ProbeContainer,
     ProbeSettings,
-    RedisServer,
-    SilencingProxy,
-    free_port,
     new_items,
     serve_scripted,
 )

@@ -1,5 +1,6 @@
 """Test helpers for workers and the engine: settings, a clock, handlers, runners, and
-`PROBE`, the worker the engine's own tests run.
+`PROBE`, the worker the engine's own tests run. The servers and proxies the engine's own
+tests start are test code's alone (om/tests/work_network.py).
 
 Importable from any test (the tests run in importlib mode, so test folders are not on the
 path) and from the worker process the process tests start (`serve_scripted`); nothing
@@ -13,16 +14,10 @@ import codecs
 import dataclasses
 import importlib
 import os
-import shutil
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
-from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 from uuid import UUID, uuid4
 
 from pydantic_settings import SettingsConfigDict
@@ -162,157 +157,6 @@ def sample(metrics: WorkerMetrics, name: str, **labels: str) -> float:
     """The current value of one sample of `metrics`' registry (0.0 when never recorded)."""
     value = metrics.registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on at the moment of the call."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-_REDIS_FLAGS = ("--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-
-
-class RedisServer:
-    """A `redis-server` of the test's own on `port` (default: a free one), in `folder`.
-
-    `start()` returns once it accepts connections (at most 5 s, else `AssertionError`);
-    `stop()` kills it (SIGKILL: no goodbye to its clients, as in a crash); `restart()` is
-    both, on the same port. `url` is its database 0. Never the shared Redis: tests that
-    kill, restart or disconnect Redis do it to a server of their own.
-    """
-
-    def __init__(self, folder: Path, port: int | None = None) -> None:
-        self.folder = folder
-        self.port = port or free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Self:
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not on PATH (apt-get install redis-server)"
-        self._proc = subprocess.Popen(
-            [binary, "--port", str(self.port), *_REDIS_FLAGS],
-            cwd=self.folder,
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=5)
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-class _Link:
-    """One proxied connection: the client's socket, the server's, what the client sent."""
-
-    def __init__(self, client: asyncio.StreamWriter, server: asyncio.StreamWriter) -> None:
-        self.client = client
-        self.server = server
-        self.sent = bytearray()
-        self.silent = False
-
-    def close(self) -> None:
-        for writer in (self.client, self.server):
-            writer.close()
-
-
-class SilencingProxy:
-    """A TCP proxy on 127.0.0.1 in front of `target_port` whose connections a test silences.
-
-    `silence(marker)` stops forwarding, both ways, on every open connection whose client
-    has sent bytes containing `marker` (`b"SUBSCRIBE"`, `b"LISTEN"`) and returns how many:
-    their sockets stay open and whatever arrives is dropped, as on a half-open connection
-    whose packets the network loses. New connections pass as before. Use it as
-    `async with SilencingProxy(port) as proxy` and connect to `proxy.port`.
-    """
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._links: list[_Link] = []
-
-    async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        assert self._server is not None
-        self._server.close()
-        for link in self._links:
-            link.close()
-
-    def silence(self, marker: bytes) -> int:
-        """Silence every connection whose client sent `marker`; how many it silenced."""
-        chosen = [link for link in self._links if marker in link.sent and not link.silent]
-        for link in chosen:
-            link.silent = True
-        return len(chosen)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            server_reader, server_writer = await asyncio.open_connection(
-                "127.0.0.1", self.target_port
-            )
-        except OSError:
-            writer.close()
-            return
-        link = _Link(writer, server_writer)
-        self._links.append(link)
-        await asyncio.gather(
-            self._pump(link, reader, server_writer, from_client=True),
-            self._pump(link, server_reader, writer, from_client=False),
-            return_exceptions=True,
-        )
-
-    @staticmethod
-    async def _pump(
-        link: _Link,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        *,
-        from_client: bool,
-    ) -> None:
-        while data := await reader.read(65536):
-            if from_client:
-                link.sent += data
-            if not link.silent:
-                writer.write(data)
-                await writer.drain()
-        if not link.silent:
-            writer.close()
 
 
 class ScriptedHandler(WorkHandlerInterface):
