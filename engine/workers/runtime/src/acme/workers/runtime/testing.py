@@ -1,20 +1,16 @@
 """Test helpers for workers and the engine: settings, a clock, handlers, runners, and
-`PROBE`, the worker the engine's own tests run. The servers and proxies the engine's own
-tests start are test code's alone (om/tests/work_network.py).
+`PROBE`, the worker the engine's own tests run.
 
 Importable from any test (the tests run in importlib mode, so test folders are not on the
-path) and from the worker process the process tests start (`serve_scripted`); nothing
-here runs in production. The pattern follows procrastinate's `testing.py`.
+path); nothing here runs in production. The process tests' worker (`serve_scripted`) and
+the servers and proxies the engine's own tests start are test code's alone
+(om/tests/work_process.py, om/tests/work_network.py). The pattern follows procrastinate's
+`testing.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
-import dataclasses
-import importlib
-import os
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
@@ -22,16 +18,13 @@ from uuid import UUID, uuid4
 
 from pydantic_settings import SettingsConfigDict
 
-from acme.infra.boot import boot
 from acme.om.context import AppContext, AppType, OpContext, RequestContext
 from acme.om.root import Managers
 from acme.om.work.types.handler import WorkHandlerInterface
 from acme.om.work.types.work_item import WorkItem, WorkKind
 from acme.workers.runtime.container import RuntimeContainer
-from acme.workers.runtime.errors import escape_log_output
 from acme.workers.runtime.loop import WorkerLoop
 from acme.workers.runtime.metrics import WorkerMetrics
-from acme.workers.runtime.server import DatabaseOutage, serve
 from acme.workers.runtime.settings import RuntimeSettings
 from acme.workers.runtime.worker import Worker
 
@@ -159,46 +152,6 @@ def sample(metrics: WorkerMetrics, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
-class ScriptedHandler(WorkHandlerInterface):
-    """The process tests' handler, scripted through the environment.
-
-    `WORKER_TEST_LOG`: a file that gets a line `start <item id>` when a run starts and
-    `done <item id>` when it ends. `WORKER_TEST_SECONDS`: how long a run takes (default
-    0). `WORKER_TEST_HANG_FIRST=1`: the first run of each item (no `start` line for it in
-    the log yet) never ends, as a process that is about to be killed.
-    `WORKER_TEST_RAISE`: each run raises `ValueError` with this text, Python escapes
-    decoded (`bad\\x00byte`: an environment variable cannot hold a NUL).
-    """
-
-    def __init__(self) -> None:
-        self._log = os.environ["WORKER_TEST_LOG"]
-        self._seconds = float(os.environ.get("WORKER_TEST_SECONDS", "0"))
-        self._hang_first = os.environ.get("WORKER_TEST_HANG_FIRST") == "1"
-        raised = os.environ.get("WORKER_TEST_RAISE")
-        self._raise = None if raised is None else codecs.decode(raised, "unicode_escape")
-
-    async def handle(self, ctx: OpContext, item: WorkItem) -> None:
-        first = f"start {item.id}" not in self._read()
-        self._write(f"start {item.id}")
-        if first and self._hang_first:
-            await asyncio.Event().wait()
-        await asyncio.sleep(self._seconds)
-        if self._raise is not None:
-            raise ValueError(self._raise)
-        self._write(f"done {item.id}")
-
-    def _read(self) -> str:
-        try:
-            with open(self._log) as log:
-                return log.read()
-        except FileNotFoundError:
-            return ""
-
-    def _write(self, line: str) -> None:
-        with open(self._log, "a") as log:
-            log.write(line + "\n")
-
-
 class ProbeSettings(RuntimeSettings):
     """The probe worker's settings, under `WORKER_PROBE_`."""
 
@@ -231,35 +184,3 @@ PROBE = Worker(
 """The worker the engine's own tests run: the first kind of the host, a no-op handler, its
 settings under `WORKER_PROBE_`. A worker's tests run the engine's contract over its own
 `WORKER` instead (`runtime.contract`)."""
-
-
-BINDING_VARIABLE = "WORKER_TEST_BINDING"
-"""Names the worker `serve_scripted` serves: `<module>:<attribute>` (default: `PROBE`)."""
-
-
-def _binding() -> Worker:
-    spec = os.environ.get(BINDING_VARIABLE, f"{__name__}:PROBE")
-    module, _, attribute = spec.partition(":")
-    worker = getattr(importlib.import_module(module), attribute)
-    assert isinstance(worker, Worker), f"{spec} is not a Worker"
-    return worker
-
-
-def serve_scripted() -> None:
-    """The process tests' worker (`python -m` this module): `serve` as in production for
-    the worker `WORKER_TEST_BINDING` names, with `ScriptedHandler` in place of its
-    handlers."""
-    worker = _binding()
-    settings = worker.settings()
-    boot(settings.infra, service_name=worker.name)
-    escape_log_output()
-    container = worker.container.build(settings)
-    container = dataclasses.replace(container, handlers={worker.kind: ScriptedHandler()})
-    try:
-        asyncio.run(serve(worker, settings, container))
-    except DatabaseOutage as exc:
-        sys.exit(f"{worker.name}: {exc}")
-
-
-if __name__ == "__main__":
-    serve_scripted()
