@@ -52,7 +52,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -69,9 +68,11 @@ import asyncpg
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "engine" / "om" / "tests"))
 
 import demo  # the demo's host preparation, reused as is
 import notify_floor  # beside this file
+from work_network import free_port  # the engine tests' own, stdlib only
 
 BENCH = REPO / "bench"
 WORK = REPO / ".bench"
@@ -202,13 +203,6 @@ def _json_out(cmd: list[str], *, cwd: Path, env: dict[str, str]) -> dict[str, An
         raise SystemExit(f"bench: `{' '.join(cmd[:6])} ...` failed ({done.returncode})")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _proc_tree(root: int) -> list[int]:
@@ -479,7 +473,7 @@ class Bench:
         log = self.logs / f"{row.key}.{tag}.log"
         if row.system == "ours":
             env = self.ours_env(row)
-            port = _free_port()
+            port = free_port()
             env["SHIPMENT_NOTIFIER_METRICS_PORT"] = str(port)
             if wake_log:
                 env["BENCH_WAKE_LOG"] = str(wake_log)

@@ -89,8 +89,10 @@ import asyncpg
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "engine" / "om" / "tests"))
 
 import demo  # the demo's host preparation, reused as is
+from work_network import SilencingProxy, free_port  # the engine tests' own, stdlib only
 
 WORK = REPO / ".chaos"
 LEGACY_CLUSTER = WORK / "pg"  # where the cluster lived before it moved out of the clone
@@ -126,12 +128,6 @@ RESUBSCRIBE_BOUND_S = 7.0
 
 def say(message: str) -> None:
     print(f"chaos: {message}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the services the run owns -------------------------------------------------------------
@@ -315,66 +311,6 @@ class Redis:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
-
-
-class SilencingProxy:
-    """A loopback TCP proxy in front of Redis. `silence()` turns every connection open at
-    that moment half-open: it stays open, and whatever either side sends is dropped; new
-    connections pass as before. Upstream refused (Redis down): the client's connection is
-    closed at once, as a refused connection would be."""
-
-    def __init__(self, listen_port: int, upstream_port: int) -> None:
-        self.listen_port = listen_port
-        self.upstream_port = upstream_port
-        self._pairs: list[dict[str, bool]] = []
-        self._writers: list[asyncio.StreamWriter] = []
-        self._server: asyncio.base_events.Server | None = None
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.listen_port)
-
-    async def close(self) -> None:
-        """Stop listening and close every connection, silenced ones included."""
-        if self._server is not None:
-            self._server.close()
-        for writer in self._writers:
-            writer.close()
-
-    def silence(self) -> int:
-        """Silence every open connection; returns how many."""
-        live = [p for p in self._pairs if not p["closed"]]
-        for pair in live:
-            pair["silent"] = True
-        return len(live)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        except OSError:
-            writer.close()
-            return
-        pair = {"silent": False, "closed": False}
-        self._pairs.append(pair)
-        self._writers += [writer, up_writer]
-
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    if not pair["silent"]:
-                        dst.write(data)
-                        await dst.drain()
-            except (OSError, asyncio.CancelledError):
-                pass
-            finally:
-                if not pair["silent"]:
-                    pair["closed"] = True
-                    dst.close()
-
-        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
-        pair["closed"] = True
-        self._pairs = [p for p in self._pairs if not p["closed"] or p["silent"]]
-        if not pair["silent"]:
-            self._writers = [w for w in self._writers if w not in (writer, up_writer)]
 
 
 # -- the host -------------------------------------------------------------------------------
@@ -661,7 +597,7 @@ class ChaosRun:
         # First: a location the server cannot use refuses before anything is made.
         self.pg = Postgres(cluster_root(), free_port())
         self.redis = Redis(run_dir, free_port())
-        self.proxy = SilencingProxy(free_port(), self.redis.port)
+        self.proxy = SilencingProxy(self.redis.port, free_port())
         self.faults: list[Fault] = []
         self.client_lines: list[dict[str, Any]] = []
         self.client_done = asyncio.Event()
@@ -673,13 +609,13 @@ class ChaosRun:
         remove_leftovers()
         say(
             f"PostgreSQL cluster on 127.0.0.1:{self.pg.port}, redis-server on {self.redis.port}, "
-            f"its proxy on {self.proxy.listen_port}"
+            f"its proxy on {self.proxy.port}"
         )
         self.pg.init()
         self.pg.start()
         self.redis.start()
         host = prepare(self.run_dir, self.pg, self.redis.port)
-        env = base_env(self.pg, self.proxy.listen_port)
+        env = base_env(self.pg, self.proxy.port)
         env.update(
             {
                 f"{PREFIX}LEASE": str(LEASE_S),
@@ -1454,7 +1390,7 @@ async def _sample_fleet(run: ChaosRun, fleet: Fleet, origin: float) -> list[dict
         if not fleet.alive(slot):
             continue
         assert slot.proc is not None
-        figures = _proc_figures(slot.proc.pid, run.pg.port, run.proxy.listen_port)
+        figures = _proc_figures(slot.proc.pid, run.pg.port, run.proxy.port)
         _, metrics = await http_get(slot.port, "/metrics")
         tasks_n = _metric(metrics or "", "worker_event_loop_tasks")
         if figures is not None:

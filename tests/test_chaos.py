@@ -139,10 +139,10 @@ def test_the_proxy_silences_open_connections_and_lets_new_ones_through() -> None
 
         upstream = await asyncio.start_server(echo, "127.0.0.1", 0)
         port = upstream.sockets[0].getsockname()[1]
-        proxy = chaos.SilencingProxy(chaos.free_port(), port)
+        proxy = chaos.SilencingProxy(port, chaos.free_port())
         await proxy.start()
         try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.listen_port)
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
             writer.write(b"ping")
             assert await asyncio.wait_for(reader.read(4), 2) == b"ping"
             assert proxy.silence() == 1
@@ -151,9 +151,7 @@ def test_the_proxy_silences_open_connections_and_lets_new_ones_through() -> None
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(reader.read(4), 0.5)
             assert not reader.at_eof()  # open, and silent: half-open
-            fresh_reader, fresh_writer = await asyncio.open_connection(
-                "127.0.0.1", proxy.listen_port
-            )
+            fresh_reader, fresh_writer = await asyncio.open_connection("127.0.0.1", proxy.port)
             fresh_writer.write(b"pong")
             assert await asyncio.wait_for(fresh_reader.read(4), 2) == b"pong"
             writer.close()

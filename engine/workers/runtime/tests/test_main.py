@@ -33,8 +33,9 @@ from acme.om.context import RequestContext
 from acme.om.types import EMPTY_UUID
 from acme.om.work.types.work_item import WorkItem, WorkStatus
 from acme.workers.runtime import API_VERSION, OWNER
-from acme.workers.runtime.cli import ENQUEUED_ACTION
+from acme.workers.runtime.commands import ENQUEUED_ACTION
 from acme.workers.runtime.container import RuntimeContainer
+from acme.workers.runtime.entry import GC_YOUNG_THRESHOLD, console
 from acme.workers.runtime.errors import escape_log_output
 from acme.workers.runtime.server import _bind, _describe, create_app
 from acme.workers.runtime.settings import INFRA_PREFIX
@@ -48,7 +49,6 @@ from acme.workers.runtime.testing import (
     ProbeSettings,
     sample_payload,
 )
-from acme.workers.runtime.worker import GC_YOUNG_THRESHOLD
 
 ENV_PREFIX = ProbeSettings.env_prefix()
 KIND = PROBE_KIND
@@ -76,10 +76,10 @@ def test_every_command_uses_the_host_roots_embedded_database_wherever_it_runs(
     (member / "pyproject.toml").write_text('[project]\nname = "probe"\nversion = "0"\n')
     payload = json.dumps(sample_payload())
 
-    PROBE.cli(["enqueue", "--create-tenant", "demo", "--payload", payload])
+    console(PROBE, ["enqueue", "--create-tenant", "demo", "--payload", payload])
     org_id = capsys.readouterr().out.split("\t")[1]
     monkeypatch.chdir(member)
-    PROBE.cli(["tenants"])
+    console(PROBE, ["tenants"])
 
     out, err = capsys.readouterr()
     assert out.split() == [org_id]
@@ -99,7 +99,7 @@ def test_run_from_outside_the_host_by_its_virtualenv_a_command_uses_the_hosts_fi
     monkeypatch.chdir(elsewhere)
     monkeypatch.setattr(sys, "prefix", str(host / ".venv"))
 
-    PROBE.cli(["tenants"])
+    console(PROBE, ["tenants"])
 
     err = capsys.readouterr().err
     assert f"{PROBE.name}: embedded: SQLite {host.resolve() / EMBEDDED_DATABASE}\n" in err
@@ -118,7 +118,7 @@ def test_an_embedded_file_left_in_the_working_folder_is_named_as_not_read(
     (member / EMBEDDED_DATABASE).touch()
     monkeypatch.chdir(member)
 
-    PROBE.cli(["tenants"])
+    console(PROBE, ["tenants"])
 
     stray = member.resolve() / EMBEDDED_DATABASE
     lines = capsys.readouterr().err.splitlines()
@@ -135,7 +135,7 @@ def test_outside_any_host_a_command_refuses_in_one_line_and_creates_nothing(
     monkeypatch.setattr(sys, "prefix", str(tmp_path))  # nor a host's virtualenv
 
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(argv)
+        console(PROBE, argv)
 
     line = str(refused.value.code)
     assert line.startswith(f"{PROBE.name}: no host root at or above {tmp_path.resolve()} ")
@@ -156,7 +156,7 @@ def test_serve_refuses_a_metrics_port_another_process_holds(
         monkeypatch.setenv(f"{ENV_PREFIX}METRICS_PORT", str(port))
 
         with pytest.raises(SystemExit) as refused:
-            PROBE.cli(["serve"])
+            console(PROBE, ["serve"])
 
     message = str(refused.value.code)
     assert message.startswith(f"{PROBE.name}: cannot serve /metrics on 127.0.0.1:")
@@ -182,10 +182,11 @@ def test_enqueue_refuses_a_bad_payload_before_it_touches_the_database(
     _in_a_host(tmp_path, monkeypatch)  # embedded: the SQLite file would be .local/...
 
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["enqueue", "--create-tenant", "demo", "--payload", payload])
+        console(PROBE, ["enqueue", "--create-tenant", "demo", "--payload", payload])
 
     assert refused.value.code == 2
-    assert capsys.readouterr().err.startswith(f"{PROBE.name}: Invalid: {refusal}")
+    # the last line: the first `boot` of an xdist worker process logs `booted` before it
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"{PROBE.name}: Invalid: {refusal}")
     assert not (tmp_path / ".local").exists()  # no database, so no demo tenant either
 
 
@@ -200,12 +201,12 @@ def test_a_capacity_the_pool_cannot_serve_stops_serve_only(
     monkeypatch.setenv(f"{ENV_PREFIX}DATABASE_POOL_SIZE", "15")
 
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["serve"])
+        console(PROBE, ["serve"])
     assert str(refused.value.code).startswith(
         f"{PROBE.name}: invalid settings: capacity 25 needs a database pool of at least"
     )
 
-    PROBE.cli(["tenants"])
+    console(PROBE, ["tenants"])
     assert "invalid settings" not in capsys.readouterr().err
 
 
@@ -219,7 +220,7 @@ def test_the_console_command_raises_the_collectors_young_threshold_first(
     before = gc.get_threshold()
     gc.set_threshold(700, 9, 8)
     try:
-        PROBE.cli(["items", "list"])
+        console(PROBE, ["items", "list"])
         assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, 9, 8)
     finally:
         gc.set_threshold(*before)
@@ -233,11 +234,11 @@ def test_a_list_that_finds_nothing_says_so_on_stderr(
     monkeypatch.delenv(f"{INFRA_PREFIX}DATABASE_URL", raising=False)
     _in_a_host(tmp_path, monkeypatch)
 
-    PROBE.cli(["items", "list"])
+    console(PROBE, ["items", "list"])
     out, err = capsys.readouterr()
     assert out == ""
     assert err.splitlines()[-1].startswith(f"no items of kind {KIND} in ")
-    PROBE.cli(["dead-letters", "list"])
+    console(PROBE, ["dead-letters", "list"])
     out, err = capsys.readouterr()
     assert out == ""
     assert err.splitlines()[-1].startswith(f"no dead letters of kind {KIND} in ")
@@ -248,7 +249,7 @@ def test_enqueue_refuses_a_count_below_one_or_above_the_most(
     capsys: pytest.CaptureFixture[str], count: str
 ) -> None:
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["enqueue", "--count", count])
+        console(PROBE, ["enqueue", "--count", count])
 
     assert refused.value.code == 2
     assert "argument -n/--count:" in capsys.readouterr().err
@@ -260,7 +261,7 @@ def test_a_list_refuses_a_limit_it_cannot_serve_before_it_opens_anything(
     capsys: pytest.CaptureFixture[str], argv: list[str], limit: str
 ) -> None:
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli([*argv, "--limit", limit])
+        console(PROBE, [*argv, "--limit", limit])
 
     assert refused.value.code == 2
     assert "argument --limit:" in capsys.readouterr().err
@@ -291,7 +292,7 @@ def test_every_command_refuses_a_url_it_cannot_open_naming_the_variable_not_the_
     monkeypatch.setenv(f"{INFRA_PREFIX}{variable}", value)
 
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(command)
+        console(PROBE, command)
 
     message = str(refused.value.code)
     assert message.startswith(f"{PROBE.name}: invalid settings: {INFRA_PREFIX}{refusal}")
@@ -306,7 +307,7 @@ def test_a_host_setting_the_host_refuses_is_named_by_the_hosts_variable(
     monkeypatch.setenv(f"{INFRA_PREFIX}LOG_LEVEL", "LOUD")
 
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["serve"])
+        console(PROBE, ["serve"])
 
     message = str(refused.value.code)
     assert message.startswith(f"{PROBE.name}: invalid settings: {INFRA_PREFIX}LOG_LEVEL: ")
@@ -334,7 +335,7 @@ def test_invalid_settings_are_one_line_naming_the_variable(
     monkeypatch.setenv(f"{ENV_PREFIX}{variable}", value)
 
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["serve"])
+        console(PROBE, ["serve"])
 
     message = str(refused.value.code)
     assert message.startswith(f"{PROBE.name}: invalid settings: ")
@@ -349,7 +350,7 @@ def test_a_misspelt_setting_is_refused_naming_the_one_meant_and_another_variable
     monkeypatch.setenv(f"{ENV_PREFIX}CAPACTY", "50")
 
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["items", "list", "--limit", "1"])
+        console(PROBE, ["items", "list", "--limit", "1"])
 
     assert str(refused.value.code) == (
         f"{PROBE.name}: invalid settings: {ENV_PREFIX}CAPACTY is not a setting; "
@@ -366,7 +367,7 @@ def test_serve_names_the_host_setting_when_the_metrics_host_does_not_resolve(
     monkeypatch.setenv(f"{ENV_PREFIX}METRICS_HOST", "host.invalid")
 
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["serve"])
+        console(PROBE, ["serve"])
 
     message = str(refused.value.code)
     assert message.startswith(f"{PROBE.name}: cannot serve /metrics on host.invalid:")
@@ -382,7 +383,7 @@ def test_an_operator_command_without_its_database_says_so_on_one_line(
     monkeypatch.setenv(f"{INFRA_PREFIX}DATABASE_URL", f"postgresql://nobody@127.0.0.1:{port}/x")
 
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["items", "list"])
+        console(PROBE, ["items", "list"])
 
     message = str(refused.value.code)
     assert message.startswith(f"{PROBE.name}: the database is unavailable: ")
@@ -399,7 +400,7 @@ def test_a_database_or_role_that_does_not_exist_is_one_line_too(
     monkeypatch.setenv(f"{INFRA_PREFIX}DATABASE_URL", url.render_as_string(hide_password=False))
 
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["items", "list"])
+        console(PROBE, ["items", "list"])
 
     message = str(refused.value.code)
     assert message.startswith(f"{PROBE.name}: the database is unavailable: ")
@@ -420,7 +421,7 @@ def test_serve_refuses_a_database_that_answers_without_the_queues_table(
     monkeypatch.setenv(f"{ENV_PREFIX}METRICS_PORT", str(port))
 
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["serve"])
+        console(PROBE, ["serve"])
 
     assert str(refused.value.code) == (
         f"{PROBE.name}: the database has not been migrated: it has no work_items table "
@@ -437,7 +438,7 @@ def test_a_database_that_was_never_migrated_is_named_so_not_unavailable(
     monkeypatch.setenv(f"{INFRA_PREFIX}DATABASE_URL", url.render_as_string(hide_password=False))
 
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["items", "list"])
+        console(PROBE, ["items", "list"])
 
     message = str(refused.value.code)
     assert message.startswith(f"{PROBE.name}: the database has not been migrated: ")
@@ -451,7 +452,7 @@ def test_create_tenant_refuses_a_name_that_is_not_one_printable_line(
     capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["enqueue", "--create-tenant", name, "--operator", "alice"])
+        console(PROBE, ["enqueue", "--create-tenant", name, "--operator", "alice"])
 
     assert refused.value.code == 2
     assert "argument --create-tenant: give one printable line" in capsys.readouterr().err
@@ -605,7 +606,7 @@ async def _state(
 def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """Run the command, expect exit 2, return its one line on stderr."""
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(argv)
+        console(PROBE, argv)
     assert refused.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
@@ -634,7 +635,9 @@ def test_create_tenant_says_what_it_created_and_the_enqueue_names_its_operator(
 ) -> None:
     payload = json.dumps(sample_payload())
 
-    PROBE.cli(["enqueue", "--create-tenant", "demo", "--operator", "alice", "--payload", payload])
+    console(
+        PROBE, ["enqueue", "--create-tenant", "demo", "--operator", "alice", "--payload", payload]
+    )
 
     created, enqueued = capsys.readouterr().out.splitlines()
     label, org_id, name = created.split("\t")
@@ -645,7 +648,7 @@ def test_create_tenant_says_what_it_created_and_the_enqueue_names_its_operator(
     _, entries = _on_the_queue(lambda c: _state(c, UUID(org_id), item_id))
     operators = [(e.action, e.detail.get("operator")) for e in entries]
     assert operators == [(ENQUEUED_ACTION, "alice")]
-    PROBE.cli(["tenants"])
+    console(PROBE, ["tenants"])
     assert org_id in capsys.readouterr().out.split()
 
 
@@ -660,19 +663,20 @@ def test_replay_and_discard_name_their_operator_and_a_dry_run_changes_nothing(
         (org_id, replayed_id, "replay"),
         (other_org, discarded_id, "discard"),
     ):
-        PROBE.cli(["dead-letters", action, str(item_id), "--org", str(org), "--dry-run"])
+        console(PROBE, ["dead-letters", action, str(item_id), "--org", str(org), "--dry-run"])
         out = capsys.readouterr().out
         assert out.startswith(f"would {action}")
         assert str(item_id) in out
         item, entries = _on_the_queue(partial(_state, org_id=org, item_id=item_id))
         assert (item.status, item.deleted_at, len(entries)) == (WorkStatus.FAILED, None, 1)
 
-    PROBE.cli(
-        ["dead-letters", "replay", str(replayed_id), "--org", str(org_id), "--operator", "alice"]
+    console(
+        PROBE,
+        ["dead-letters", "replay", str(replayed_id), "--org", str(org_id), "--operator", "alice"],
     )
     assert capsys.readouterr().out.startswith(f"replayed   {replayed_id}")
     monkeypatch.setenv(f"{ENV_PREFIX}OPERATOR", "bob")  # the environment names the operator
-    PROBE.cli(["dead-letters", "discard", str(discarded_id), "--org", str(other_org)])
+    console(PROBE, ["dead-letters", "discard", str(discarded_id), "--org", str(other_org)])
     assert capsys.readouterr().out.startswith(f"discarded  {discarded_id}")
 
     item, entries = _on_the_queue(lambda c: _state(c, org_id, replayed_id))
@@ -705,17 +709,19 @@ def test_a_row_that_cannot_be_read_is_named_by_every_read_never_fatal(
     problem = "unreadable: payload: Input should be a valid dictionary"
 
     for argv in (["items", "list"], ["dead-letters", "list"]):
-        PROBE.cli([*argv, "--org", str(org_id)])
+        console(PROBE, [*argv, "--org", str(org_id)])
         lines = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
         assert [line[0] for line in lines] == [str(readable_id), str(bad["id"])]
         assert lines[1][1:6] == [str(org_id), "FAILED", KIND.value, "default", "3/3"]
         assert lines[1][7] == problem
-    PROBE.cli(["items", "show", str(bad["id"]), "--org", str(org_id)])
+    console(PROBE, ["items", "show", str(bad["id"]), "--org", str(org_id)])
     shown = json.loads(capsys.readouterr().out)
     assert shown["unreadable"] == {"column": "payload", "reason": problem.split(": ", 2)[2]}
     assert (shown["id"], shown["payload"], shown["status"]) == (str(bad["id"]), [1, 2, 3], "FAILED")
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["dead-letters", "replay", str(bad["id"]), "--org", str(org_id), "--dry-run"])
+        console(
+            PROBE, ["dead-letters", "replay", str(bad["id"]), "--org", str(org_id), "--dry-run"]
+        )
     assert refused.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"{PROBE.name}: UnreadableItem: payload: work item {bad['id']} cannot be read "
@@ -743,7 +749,7 @@ def test_the_dead_letter_commands_refuse_an_item_of_another_kind_and_change_noth
         f"not {KIND.value}"
     )
     target = [str(other["id"]), "--org", str(org_id), "--operator", "alice"]
-    PROBE.cli(["items", "show", *target[:3]])
+    console(PROBE, ["items", "show", *target[:3]])
     shown = json.loads(capsys.readouterr().out)
     assert (shown["id"], shown["kind"]) == (str(other["id"]), "ANOTHER_KIND")
     for argv in (
@@ -752,7 +758,7 @@ def test_the_dead_letter_commands_refuse_an_item_of_another_kind_and_change_noth
         ["dead-letters", "discard", *target],
     ):
         with pytest.raises(SystemExit) as refused:
-            PROBE.cli(argv)
+            console(PROBE, argv)
         assert refused.value.code == 2
         last = capsys.readouterr().err.splitlines()[-1]
         assert last.startswith(refusal)
@@ -784,24 +790,24 @@ def test_a_row_of_no_known_kind_is_listed_with_any_kind_and_discarded_audited(
     _on_the_queue(store)
     capsys.readouterr()
     org = ["--org", str(org_id)]
-    PROBE.cli(["items", "list", *org])
+    console(PROBE, ["items", "list", *org])
     assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()] == [
         str(readable_id)
     ]
-    PROBE.cli(["items", "list", "--any-kind", *org])
+    console(PROBE, ["items", "list", "--any-kind", *org])
     lines = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
     (row,) = [line for line in lines if line[0] == str(bogus["id"])]
     assert row[2:5] == ["AVAILABLE", "BOGUS_KIND", "default"]
     assert row[7].startswith("unreadable: kind: ")
 
     target = [str(bogus["id"]), *org, "--operator", "alice"]
-    PROBE.cli(["items", "discard", *target, "--dry-run"])
+    console(PROBE, ["items", "discard", *target, "--dry-run"])
     out, err = capsys.readouterr()
     assert out.startswith(f"would discard {bogus['id']}\t")
     assert err.endswith("dry run: nothing changed\n")
-    PROBE.cli(["items", "discard", *target])
+    console(PROBE, ["items", "discard", *target])
     assert capsys.readouterr().out.startswith(f"discarded  {bogus['id']}\t")
-    PROBE.cli(["items", "list", "--any-kind", *org])
+    console(PROBE, ["items", "list", "--any-kind", *org])
     assert str(bogus["id"]) not in capsys.readouterr().out
 
     async def audited(container: RuntimeContainer) -> list[AuditEntry]:
@@ -817,7 +823,7 @@ def test_a_row_of_no_known_kind_is_listed_with_any_kind_and_discarded_audited(
         "alice",
     )
     with pytest.raises(SystemExit) as refused:
-        PROBE.cli(["items", "discard", str(readable_id), *org, "--operator", "alice"])
+        console(PROBE, ["items", "discard", str(readable_id), *org, "--operator", "alice"])
     assert refused.value.code == 2
     last = capsys.readouterr().err.splitlines()[-1]
     assert last.startswith(f"{PROBE.name}: Conflict: kind: item {readable_id} is of kind ")
@@ -837,7 +843,7 @@ def test_a_listing_writes_error_text_as_text_never_as_terminal_commands(
 
     _on_the_queue(store)
     capsys.readouterr()
-    PROBE.cli(["items", "list", "--org", str(org_id)])
+    console(PROBE, ["items", "list", "--org", str(org_id)])
     out = capsys.readouterr().out
     assert "\x1b" not in out
     (line,) = [line for line in out.splitlines() if line.startswith(str(row["id"]))]
@@ -863,13 +869,13 @@ def test_items_move_moves_the_waiting_items_of_the_old_lane_audited(
     waiting = _on_the_queue(enqueue)
     capsys.readouterr()
     move = ["items", "move", "--from-lane", old_lane, "--org", str(org_id), "--operator", "bob"]
-    PROBE.cli([*move, "--dry-run"])
+    console(PROBE, [*move, "--dry-run"])
     out, err = capsys.readouterr()
     assert out == f"would move {waiting.id}\t{org_id}\t{KIND.value}\t{old_lane}\tdefault\n"
     assert err.endswith("dry run: nothing changed\n")
     assert _on_the_queue(lambda c: _state(c, org_id, waiting.id))[0].lane == old_lane
 
-    PROBE.cli(move)
+    console(PROBE, move)
     out, err = capsys.readouterr()
     assert out == f"moved      {waiting.id}\t{org_id}\t{KIND.value}\t{old_lane}\tdefault\n"
     assert f"moved 1 waiting item(s) of kind {KIND.value} from lane {old_lane} to default" in err
@@ -915,7 +921,7 @@ def test_a_worker_newer_than_the_engine_refuses_to_start_naming_the_owners_updat
     newer = dataclasses.replace(PROBE, runtime_api=API_VERSION + 1)
 
     with pytest.raises(SystemExit) as exited:
-        newer.cli(["serve"])
+        console(newer, ["serve"])
 
     assert exited.value.code == (
         f"worker-probe: worker-probe needs worker runtime API {API_VERSION + 1}, but the "

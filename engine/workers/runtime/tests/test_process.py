@@ -29,8 +29,10 @@ from uuid import UUID
 import asyncpg
 import httpx
 import pytest
+import work_process
 from redis.asyncio import Redis
 from sqlalchemy.engine import make_url
+from work_network import RedisServer, SilencingProxy, free_port
 
 from acme.infra.container import Infra
 from acme.infra.settings import InfraSettings
@@ -43,11 +45,7 @@ from acme.workers.runtime.testing import (
     PROBE,
     ProbeContainer,
     ProbeSettings,
-    RedisServer,
-    SilencingProxy,
-    free_port,
     new_items,
-    serve_scripted,
 )
 
 pytestmark = pytest.mark.integration
@@ -76,7 +74,7 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", serve_scripted.__module__],
+                [sys.executable, work_process.__file__],
                 env=self.env,
                 stdout=out,
                 stderr=out,

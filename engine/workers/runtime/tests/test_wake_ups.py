@@ -22,6 +22,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 from sqlalchemy.engine import make_url
+from work_network import RedisServer, SilencingProxy
 
 from acme.infra.container import Infra
 from acme.infra.settings import InfraSettings
@@ -39,8 +40,6 @@ from acme.workers.runtime.testing import (
     GateHandler,
     LoopFactory,
     ProbeContainer,
-    RedisServer,
-    SilencingProxy,
     make_settings,
     new_items,
     running,

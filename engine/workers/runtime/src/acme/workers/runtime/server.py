@@ -15,7 +15,6 @@ import signal
 import socket
 import time
 from collections.abc import Generator
-from typing import TYPE_CHECKING
 
 import uvicorn
 from fastapi import FastAPI, Response
@@ -36,9 +35,7 @@ from acme.workers.runtime.container import (
 from acme.workers.runtime.errors import one_line, transient_database_error
 from acme.workers.runtime.settings import RuntimeSettings, embedded_database_file
 from acme.workers.runtime.state import LoopState
-
-if TYPE_CHECKING:
-    from acme.workers.runtime.worker import Worker
+from acme.workers.runtime.worker import Worker
 
 logger = logging.getLogger(__name__)
 

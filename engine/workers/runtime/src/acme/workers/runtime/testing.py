@@ -2,41 +2,29 @@
 `PROBE`, the worker the engine's own tests run.
 
 Importable from any test (the tests run in importlib mode, so test folders are not on the
-path) and from the worker process the process tests start (`serve_scripted`); nothing
-here runs in production. The pattern follows procrastinate's `testing.py`.
+path); nothing here runs in production. The process tests' worker (`serve_scripted`) and
+the servers and proxies the engine's own tests start are test code's alone
+(om/tests/work_process.py, om/tests/work_network.py). The pattern follows procrastinate's
+`testing.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
-import dataclasses
-import importlib
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
-from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 from uuid import UUID, uuid4
 
 from pydantic_settings import SettingsConfigDict
 
-from acme.infra.boot import boot
 from acme.om.context import AppContext, AppType, OpContext, RequestContext
 from acme.om.root import Managers
 from acme.om.work.types.handler import WorkHandlerInterface
 from acme.om.work.types.work_item import WorkItem, WorkKind
 from acme.workers.runtime.container import RuntimeContainer
-from acme.workers.runtime.errors import escape_log_output
 from acme.workers.runtime.loop import WorkerLoop
 from acme.workers.runtime.metrics import WorkerMetrics
-from acme.workers.runtime.server import DatabaseOutage, serve
 from acme.workers.runtime.settings import RuntimeSettings
 from acme.workers.runtime.worker import Worker
 
@@ -164,197 +152,6 @@ def sample(metrics: WorkerMetrics, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on at the moment of the call."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-_REDIS_FLAGS = ("--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-
-
-class RedisServer:
-    """A `redis-server` of the test's own on `port` (default: a free one), in `folder`.
-
-    `start()` returns once it accepts connections (at most 5 s, else `AssertionError`);
-    `stop()` kills it (SIGKILL: no goodbye to its clients, as in a crash); `restart()` is
-    both, on the same port. `url` is its database 0. Never the shared Redis: tests that
-    kill, restart or disconnect Redis do it to a server of their own.
-    """
-
-    def __init__(self, folder: Path, port: int | None = None) -> None:
-        self.folder = folder
-        self.port = port or free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Self:
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not on PATH (apt-get install redis-server)"
-        self._proc = subprocess.Popen(
-            [binary, "--port", str(self.port), *_REDIS_FLAGS],
-            cwd=self.folder,
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=5)
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-class _Link:
-    """One proxied connection: the client's socket, the server's, what the client sent."""
-
-    def __init__(self, client: asyncio.StreamWriter, server: asyncio.StreamWriter) -> None:
-        self.client = client
-        self.server = server
-        self.sent = bytearray()
-        self.silent = False
-
-    def close(self) -> None:
-        for writer in (self.client, self.server):
-            writer.close()
-
-
-class SilencingProxy:
-    """A TCP proxy on 127.0.0.1 in front of `target_port` whose connections a test silences.
-
-    `silence(marker)` stops forwarding, both ways, on every open connection whose client
-    has sent bytes containing `marker` (`b"SUBSCRIBE"`, `b"LISTEN"`) and returns how many:
-    their sockets stay open and whatever arrives is dropped, as on a half-open connection
-    whose packets the network loses. New connections pass as before. Use it as
-    `async with SilencingProxy(port) as proxy` and connect to `proxy.port`.
-    """
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._links: list[_Link] = []
-
-    async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        assert self._server is not None
-        self._server.close()
-        for link in self._links:
-            link.close()
-
-    def silence(self, marker: bytes) -> int:
-        """Silence every connection whose client sent `marker`; how many it silenced."""
-        chosen = [link for link in self._links if marker in link.sent and not link.silent]
-        for link in chosen:
-            link.silent = True
-        return len(chosen)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            server_reader, server_writer = await asyncio.open_connection(
-                "127.0.0.1", self.target_port
-            )
-        except OSError:
-            writer.close()
-            return
-        link = _Link(writer, server_writer)
-        self._links.append(link)
-        await asyncio.gather(
-            self._pump(link, reader, server_writer, from_client=True),
-            self._pump(link, server_reader, writer, from_client=False),
-            return_exceptions=True,
-        )
-
-    @staticmethod
-    async def _pump(
-        link: _Link,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        *,
-        from_client: bool,
-    ) -> None:
-        while data := await reader.read(65536):
-            if from_client:
-                link.sent += data
-            if not link.silent:
-                writer.write(data)
-                await writer.drain()
-        if not link.silent:
-            writer.close()
-
-
-class ScriptedHandler(WorkHandlerInterface):
-    """The process tests' handler, scripted through the environment.
-
-    `WORKER_TEST_LOG`: a file that gets a line `start <item id>` when a run starts and
-    `done <item id>` when it ends. `WORKER_TEST_SECONDS`: how long a run takes (default
-    0). `WORKER_TEST_HANG_FIRST=1`: the first run of each item (no `start` line for it in
-    the log yet) never ends, as a process that is about to be killed.
-    `WORKER_TEST_RAISE`: each run raises `ValueError` with this text, Python escapes
-    decoded (`bad\\x00byte`: an environment variable cannot hold a NUL).
-    """
-
-    def __init__(self) -> None:
-        self._log = os.environ["WORKER_TEST_LOG"]
-        self._seconds = float(os.environ.get("WORKER_TEST_SECONDS", "0"))
-        self._hang_first = os.environ.get("WORKER_TEST_HANG_FIRST") == "1"
-        raised = os.environ.get("WORKER_TEST_RAISE")
-        self._raise = None if raised is None else codecs.decode(raised, "unicode_escape")
-
-    async def handle(self, ctx: OpContext, item: WorkItem) -> None:
-        first = f"start {item.id}" not in self._read()
-        self._write(f"start {item.id}")
-        if first and self._hang_first:
-            await asyncio.Event().wait()
-        await asyncio.sleep(self._seconds)
-        if self._raise is not None:
-            raise ValueError(self._raise)
-        self._write(f"done {item.id}")
-
-    def _read(self) -> str:
-        try:
-            with open(self._log) as log:
-                return log.read()
-        except FileNotFoundError:
-            return ""
-
-    def _write(self, line: str) -> None:
-        with open(self._log, "a") as log:
-            log.write(line + "\n")
-
-
 class ProbeSettings(RuntimeSettings):
     """The probe worker's settings, under `WORKER_PROBE_`."""
 
@@ -387,35 +184,3 @@ PROBE = Worker(
 """The worker the engine's own tests run: the first kind of the host, a no-op handler, its
 settings under `WORKER_PROBE_`. A worker's tests run the engine's contract over its own
 `WORKER` instead (`runtime.contract`)."""
-
-
-BINDING_VARIABLE = "WORKER_TEST_BINDING"
-"""Names the worker `serve_scripted` serves: `<module>:<attribute>` (default: `PROBE`)."""
-
-
-def _binding() -> Worker:
-    spec = os.environ.get(BINDING_VARIABLE, f"{__name__}:PROBE")
-    module, _, attribute = spec.partition(":")
-    worker = getattr(importlib.import_module(module), attribute)
-    assert isinstance(worker, Worker), f"{spec} is not a Worker"
-    return worker
-
-
-def serve_scripted() -> None:
-    """The process tests' worker (`python -m` this module): `serve` as in production for
-    the worker `WORKER_TEST_BINDING` names, with `ScriptedHandler` in place of its
-    handlers."""
-    worker = _binding()
-    settings = worker.settings()
-    boot(settings.infra, service_name=worker.name)
-    escape_log_output()
-    container = worker.container.build(settings)
-    container = dataclasses.replace(container, handlers={worker.kind: ScriptedHandler()})
-    try:
-        asyncio.run(serve(worker, settings, container))
-    except DatabaseOutage as exc:
-        sys.exit(f"{worker.name}: {exc}")
-
-
-if __name__ == "__main__":
-    serve_scripted()

@@ -1,12 +1,12 @@
 """One worker bound to the engine: `Worker`, its name, kind, settings, container and hooks.
 
-A worker's `loop.py` builds one `Worker` (its `WORKER`), and its `main.py` exposes
-`WORKER.cli` as the console command. Everything else a worker runs is the engine's.
+A worker's `loop.py` builds one `Worker` (its `WORKER`), and its `main.py`'s `cli` runs
+`entry.console(WORKER)`. Configuration and the loop it builds, nothing more: this module
+imports neither the server nor the command. Everything else a worker runs is the engine's.
 """
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,16 +36,6 @@ from acme.workers.runtime.settings import RuntimeSettings
 from acme.workers.runtime.state import ClaimSignal, LoopState, new_worker_id
 from acme.workers.runtime.sweep import ParkedRecordsResumer, Sweep, UnwrittenWrites
 from acme.workers.runtime.wake import wake_ups_for
-
-GC_YOUNG_THRESHOLD = 50_000
-"""Allocations, less deallocations, between two collections of the cyclic garbage
-collector's youngest generation in a worker process (Python's default: 700). The loop
-allocates and frees a few hundred objects per item, nearly all freed by their reference
-count, yet at the default a busy worker runs a collection every 40 items or so: about 470
-of them, 0.13 s, in a drain of 20,000 items here, and 70 more (65 ms) while `serve`
-imports its server. At 50,000 the drain runs none. Garbage in reference cycles waits a little
-longer to be freed; the older generations keep Python's thresholds (docs/performance.md).
-"""
 
 
 class RuntimeTooOld(RuntimeError):
@@ -110,17 +100,6 @@ class Worker:
             "hooks": self.hooks,
         }
         return wire_loop(**(arguments | overrides))
-
-    def cli(self, argv: Sequence[str] | None = None) -> None:
-        """The worker's console command (`runtime.cli.run`); see there for the exit codes.
-
-        The command owns its process, so it sets the process's garbage collector first
-        (`GC_YOUNG_THRESHOLD`), before the imports the command needs."""
-        _, middle, oldest = gc.get_threshold()
-        gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
-        from acme.workers.runtime.cli import run  # the CLI imports this module
-
-        run(self, argv)
 
 
 def wire_loop(
