@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -25,9 +25,7 @@ from acme.om.work.types.work_item import LaneStats, WorkKind, WorkStatus
 from acme.workers.runtime.metrics import WorkerMetrics
 from acme.workers.runtime.settings import RuntimeSettings
 from acme.workers.runtime.state import LOOP_LOGGER, LoopState
-
-if TYPE_CHECKING:
-    from acme.workers.runtime.sweep import SweepSteps
+from acme.workers.runtime.sweep_steps import SweepSteps
 
 logger = logging.getLogger(LOOP_LOGGER)
 
