@@ -7,8 +7,9 @@ container in `deployment/local/docker-compose.full.yml`. Both workflows already 
 every name in their image matrix (`strategy.matrix.image`), so the worker's fragment is one
 entry in each such list; the compose fragment is one service. The per-environment Terraform
 is not a fragment: copier renders `deployment/terraform/environments/<env>/worker_<module>.tf`
-for this worker alone, and `check_terraform` makes sure the host declares everything that
-file refers to.
+for this worker alone (an instance of `deployment/terraform/modules/worker`, rendered with
+the namespace owner), and `check_terraform` makes sure the host declares everything those
+files refer to.
 
 Edits are structural (ruamel.yaml round-trip: comments, quotes, flow lists and the file's
 indentation kept) and idempotent: an edit that finds its entry returns the text it was given,
@@ -73,6 +74,16 @@ TEMPLATE_TERRAFORM = (
     / "environments"
     / "{env}"
     / "worker_{{ worker_module }}.tf.jinja"
+)
+# The worker module those files instantiate, rendered once per host with the namespace owner;
+# its `module "service"` block is what the host's service module must declare.
+TEMPLATE_WORKER_MODULE = (
+    Path(__file__).resolve().parents[1]
+    / "template"
+    / TERRAFORM
+    / "modules"
+    / "{% if namespace_absent %}worker{% endif %}"
+    / "main.tf.jinja"
 )
 
 
@@ -416,8 +427,9 @@ def check_terraform(host: Path, spec: SpecLike) -> list[str]:
     """Every `<folder>: <missing part>` that keeps the worker's Terraform files from working.
 
     The rendered `environments/<env>/worker_<module>.tf` refers to the environment's shared
-    variables and locals, its alarm topic, and the service module's inputs and the outputs
-    it reads; each one the host does not declare is named ([] when all are there).
+    variables and locals and its alarm topic; the worker module it instantiates
+    (`modules/worker`, the template's) sets the service module's inputs and reads its
+    outputs. Each one the host does not declare is named ([] when all are there).
     """
     module = spec.names["worker_module"]
     problems: list[str] = []
@@ -426,6 +438,12 @@ def check_terraform(host: Path, spec: SpecLike) -> list[str]:
     inputs = service["variable"] if service else set()
     if not module_dir.is_dir():
         problems.append(f"{SERVICE_MODULE}: the service module does not exist")
+    else:
+        worker = required(TEMPLATE_WORKER_MODULE.read_text(encoding="utf-8"), module)
+        for name in sorted(worker["input"] - inputs):
+            problems.append(f'{SERVICE_MODULE}: no `variable "{name}"` (the worker module sets it)')
+        for name in sorted(worker["output"] - (service["output"] if service else set())):
+            problems.append(f'{SERVICE_MODULE}: no `output "{name}"` (the worker module reads it)')
     for env in ENVIRONMENTS:
         template = Path(str(TEMPLATE_TERRAFORM).replace("{env}", env))
         needs = required(template.read_text(encoding="utf-8"), module)
@@ -441,15 +459,6 @@ def check_terraform(host: Path, spec: SpecLike) -> list[str]:
         for name in sorted(needs["resource"] - have["resource"]):
             kind, label = name.split(".")
             problems.append(f'{folder}: no `resource "{kind}" "{label}"`')
-        if module_dir.is_dir():
-            for name in sorted(needs["input"] - inputs):
-                problems.append(
-                    f'{SERVICE_MODULE}: no `variable "{name}"` (the {env} worker module sets it)'
-                )
-            for name in sorted(needs["output"] - (service["output"] if service else set())):
-                problems.append(
-                    f'{SERVICE_MODULE}: no `output "{name}"` (the {env} worker file reads it)'
-                )
     return list(dict.fromkeys(problems))
 
 
