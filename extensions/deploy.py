@@ -40,6 +40,7 @@ COMPOSE_FULL = "deployment/local/docker-compose.full.yml"
 ENVIRONMENTS = ("staging", "production")
 TERRAFORM = "deployment/terraform"
 SERVICE_MODULE = f"{TERRAFORM}/modules/service"
+WORKER_MODULE = f"{TERRAFORM}/modules/worker"
 
 # prettier's default line width: an image list written past it goes one entry a line
 # (docs/updating.md, "Formatters").
@@ -102,6 +103,8 @@ class SpecLike(Protocol):
     def host_root(self) -> str: ...
     @property
     def container(self) -> bool: ...
+    @property
+    def namespace_absent(self) -> bool: ...
     @property
     def names(self) -> dict[str, str]: ...
 
@@ -429,10 +432,16 @@ def check_terraform(host: Path, spec: SpecLike) -> list[str]:
     The rendered `environments/<env>/worker_<module>.tf` refers to the environment's shared
     variables and locals and its alarm topic; the worker module it instantiates
     (`modules/worker`, the template's) sets the service module's inputs and reads its
-    outputs. Each one the host does not declare is named ([] when all are there).
+    outputs. Each one the host does not declare is named ([] when all are there), and so is
+    the worker module itself when this worker does not render it (not the namespace owner).
     """
     module = spec.names["worker_module"]
     problems: list[str] = []
+    if not spec.namespace_absent and not (host / WORKER_MODULE / "main.tf").is_file():
+        problems.append(
+            f"{WORKER_MODULE}: the worker module does not exist (the worker that owns the "
+            "work namespace renders it: update that worker first)"
+        )
     module_dir = host / SERVICE_MODULE
     service = declared(_tf_texts(module_dir)) if module_dir.is_dir() else None
     inputs = service["variable"] if service else set()

@@ -795,6 +795,65 @@ def test_plan_after_the_update_destroys_nothing_and_changes_no_value(
     assert moved == len(workers) > 0
 
 
+def test_a_worker_other_than_the_owner_is_refused_without_the_worker_module(
+    host: Path, tmp_path: Path
+) -> None:
+    """A copy of the second worker into a host whose owner predates the worker module stops
+    before writing, naming the module (the owner's update brings it)."""
+    shutil.copytree(host / TERRAFORM_DIR, tmp_path / TERRAFORM_DIR)
+    spec = patcher.Spec(
+        worker_name="invoice-mailer",
+        work_kind="SEND_INVOICE",
+        lane="billing",
+        host_root="acme",
+        namespace_absent=False,
+        container=True,
+    )
+    assert deploy.check_terraform(tmp_path, spec) == []
+    shutil.rmtree(tmp_path / WORKER_MODULE_DIR)
+    refusal = (
+        f"{WORKER_MODULE_DIR}: the worker module does not exist (the worker that owns the "
+        "work namespace renders it: update that worker first)"
+    )
+    assert deploy.check_terraform(tmp_path, spec) == [refusal]
+    owner = dataclasses.replace(spec, namespace_absent=True)
+    assert deploy.check_terraform(tmp_path, owner) == []
+
+
+def test_a_worker_updated_before_the_owner_waits_for_the_worker_module(tmp_path: Path) -> None:
+    """copier.yml's v0.3.0 `needs-owner` entry: the second worker's update stops, naming
+    the owner's update, until the owner rendered the module; the owner always goes on."""
+    lifecycle = load_extension("lifecycle")
+    module_main = f"{WORKER_MODULE_DIR}/main.tf"
+    [entry] = [
+        m
+        for m in yaml.safe_load((REPO / "copier.yml").read_text(encoding="utf-8"))["_migrations"]
+        if "needs-owner" in m["command"]
+    ]
+    assert entry["version"] == "v0.3.0" and entry["command"][-2:] == ["--path", module_main]
+    root = tmp_path / "host"
+    for answers, owner in ((FIRST, True), (SECOND, False)):
+        folder = root / "workers" / str(answers["worker_name"])
+        folder.mkdir(parents=True)
+        recorded = {"worker_name": answers["worker_name"], "namespace_absent": owner}
+        (folder / ".copier-answers.yml").write_text(yaml.safe_dump(recorded), encoding="utf-8")
+    git(root, "init", "-q", "-b", "main")
+    commit_all(root, "two workers")
+    second = "workers/invoice-mailer/.copier-answers.yml"
+    waits = lifecycle.needs_owner(root, second, [module_main])
+    assert not waits.proceed
+    assert waits.message == (
+        f"invoice-mailer: the new version reads {module_main}, which the worker that owns the "
+        "work namespace brings: run `make update-worker NAME=shipment-notifier` first (or "
+        "`make update-workers`, which starts with it). Nothing was updated."
+    )
+    first = "workers/shipment-notifier/.copier-answers.yml"
+    assert lifecycle.needs_owner(root, first, [module_main]).proceed
+    (root / WORKER_MODULE_DIR).mkdir(parents=True)
+    (root / module_main).write_text("# the owner's\n", encoding="utf-8")
+    assert lifecycle.needs_owner(root, second, [module_main]).proceed
+
+
 # --- deploy workflows -----------------------------------------------------------------------
 
 
