@@ -7,8 +7,9 @@ container in `deployment/local/docker-compose.full.yml`. Both workflows already 
 every name in their image matrix (`strategy.matrix.image`), so the worker's fragment is one
 entry in each such list; the compose fragment is one service. The per-environment Terraform
 is not a fragment: copier renders `deployment/terraform/environments/<env>/worker_<module>.tf`
-for this worker alone, and `check_terraform` makes sure the host declares everything that
-file refers to.
+for this worker alone (an instance of `deployment/terraform/modules/worker`, rendered with
+the namespace owner), and `check_terraform` makes sure the host declares everything those
+files refer to.
 
 Edits are structural (ruamel.yaml round-trip: comments, quotes, flow lists and the file's
 indentation kept) and idempotent: an edit that finds its entry returns the text it was given,
@@ -39,6 +40,7 @@ COMPOSE_FULL = "deployment/local/docker-compose.full.yml"
 ENVIRONMENTS = ("staging", "production")
 TERRAFORM = "deployment/terraform"
 SERVICE_MODULE = f"{TERRAFORM}/modules/service"
+WORKER_MODULE = f"{TERRAFORM}/modules/worker"
 
 # prettier's default line width: an image list written past it goes one entry a line
 # (docs/updating.md, "Formatters").
@@ -74,6 +76,16 @@ TEMPLATE_TERRAFORM = (
     / "{env}"
     / "worker_{{ worker_module }}.tf.jinja"
 )
+# The worker module those files instantiate, rendered once per host with the namespace owner;
+# its `module "service"` block is what the host's service module must declare.
+TEMPLATE_WORKER_MODULE = (
+    Path(__file__).resolve().parents[1]
+    / "template"
+    / TERRAFORM
+    / "modules"
+    / "{% if namespace_absent %}worker{% endif %}"
+    / "main.tf.jinja"
+)
 
 
 class Missing(Exception):
@@ -91,6 +103,8 @@ class SpecLike(Protocol):
     def host_root(self) -> str: ...
     @property
     def container(self) -> bool: ...
+    @property
+    def namespace_absent(self) -> bool: ...
     @property
     def names(self) -> dict[str, str]: ...
 
@@ -416,16 +430,29 @@ def check_terraform(host: Path, spec: SpecLike) -> list[str]:
     """Every `<folder>: <missing part>` that keeps the worker's Terraform files from working.
 
     The rendered `environments/<env>/worker_<module>.tf` refers to the environment's shared
-    variables and locals, its alarm topic, and the service module's inputs and the outputs
-    it reads; each one the host does not declare is named ([] when all are there).
+    variables and locals and its alarm topic; the worker module it instantiates
+    (`modules/worker`, the template's) sets the service module's inputs and reads its
+    outputs. Each one the host does not declare is named ([] when all are there), and so is
+    the worker module itself when this worker does not render it (not the namespace owner).
     """
     module = spec.names["worker_module"]
     problems: list[str] = []
+    if not spec.namespace_absent and not (host / WORKER_MODULE / "main.tf").is_file():
+        problems.append(
+            f"{WORKER_MODULE}: the worker module does not exist (the worker that owns the "
+            "work namespace renders it: update that worker first)"
+        )
     module_dir = host / SERVICE_MODULE
     service = declared(_tf_texts(module_dir)) if module_dir.is_dir() else None
     inputs = service["variable"] if service else set()
     if not module_dir.is_dir():
         problems.append(f"{SERVICE_MODULE}: the service module does not exist")
+    else:
+        worker = required(TEMPLATE_WORKER_MODULE.read_text(encoding="utf-8"), module)
+        for name in sorted(worker["input"] - inputs):
+            problems.append(f'{SERVICE_MODULE}: no `variable "{name}"` (the worker module sets it)')
+        for name in sorted(worker["output"] - (service["output"] if service else set())):
+            problems.append(f'{SERVICE_MODULE}: no `output "{name}"` (the worker module reads it)')
     for env in ENVIRONMENTS:
         template = Path(str(TEMPLATE_TERRAFORM).replace("{env}", env))
         needs = required(template.read_text(encoding="utf-8"), module)
@@ -441,15 +468,6 @@ def check_terraform(host: Path, spec: SpecLike) -> list[str]:
         for name in sorted(needs["resource"] - have["resource"]):
             kind, label = name.split(".")
             problems.append(f'{folder}: no `resource "{kind}" "{label}"`')
-        if module_dir.is_dir():
-            for name in sorted(needs["input"] - inputs):
-                problems.append(
-                    f'{SERVICE_MODULE}: no `variable "{name}"` (the {env} worker module sets it)'
-                )
-            for name in sorted(needs["output"] - (service["output"] if service else set())):
-                problems.append(
-                    f'{SERVICE_MODULE}: no `output "{name}"` (the {env} worker file reads it)'
-                )
     return list(dict.fromkeys(problems))
 
 

@@ -908,6 +908,8 @@ def substitutions(old: str, new: str, package_root: str = "") -> list[tuple[re.P
         *([(f"{package_root}-{old}", f"{package_root}-{new}")] if package_root else []),
         (old, new),
         (old.replace("-", "_"), new.replace("-", "_")),
+        # the Terraform module instance, `module "worker_<module>"` (docs/decisions/0031)
+        ("worker_" + old.replace("-", "_"), "worker_" + new.replace("-", "_")),
         (old.replace("-", "_").upper() + "_", new.replace("-", "_").upper() + "_"),
     ]
     return [
@@ -1192,7 +1194,10 @@ def restore(root: Path, name: str, file: str, force: bool = False) -> int:
             )
         source = out / file
         owner = namespace_owner(root)
-        namespace_file = file.startswith(("om/", "workers/runtime/"))  # what the owner renders
+        # what the owner renders
+        namespace_file = file.startswith(
+            ("om/", "workers/runtime/", "deployment/terraform/modules/worker/")
+        )
         if not source.is_file() and namespace_file and owner is not None and owner != name:
             raise RefusedError(
                 f"{name} does not render {file}; the `work` namespace's files are rendered by "

@@ -63,7 +63,12 @@ writes the user's tables back unpadded, in the working tree and the index (copie
 the index), so only the user's own edits remain to merge; the new rendering is aligned
 again. Run in both stages: after, it puts those index entries back to `HEAD`. `--owner-path` names a file only the `work` namespace's owner renders.
 
-All four commands act only in the real host (a git work tree outside copier's temporary
+Two more stop a worker other than the namespace owner until the owner's update brought
+what its new version needs (before stage, nothing written): `needs-engine --api <n>` (the
+worker runtime, v0.2.0) and `needs-owner --path <path> [--path ...]` (files the owner
+renders: v0.2.0, the Terraform worker module, docs/decisions/0031).
+
+All these commands act only in the real host (a git work tree outside copier's temporary
 folders, `is_real_host`): copier 9.19.1 runs `_migrations` in the real destination only,
 but a replay that ran them would find no host to change, and they must stay replay-safe.
 The guard scripts/release_guard.py reads these commands' arguments (`build_parser`) to
@@ -680,6 +685,42 @@ def engine_api(host: Path, host_root: str) -> int | None:
     return int(found.group(1)) if found else 0
 
 
+def _namespace_owner(host: Path) -> str:
+    """The name of the worker whose answers say it owns the `work` namespace."""
+    return next(
+        (
+            path.parent.name
+            for path in sorted(host.glob("workers/*/.copier-answers.yml"))
+            if (_yaml().safe_load(path.read_text(encoding="utf-8")) or {}).get("namespace_absent")
+            is True
+        ),
+        "<the worker that owns the work namespace>",
+    )
+
+
+def needs_owner(host: Path, answers_file: str, paths: list[str]) -> Retired:
+    """Stop the update of a worker whose new version reads files only the owner of the
+    `work` namespace renders (`paths`, relative to the host; v0.2.0: the Terraform worker
+    module, docs/decisions/0031) while one is absent: the owner goes first. The owner
+    itself, and a host that has them all, go on. Before stage, nothing written."""
+    if not is_real_host(host):
+        return Retired(True, "skipped: not the real host")
+    recorded = _git(host, "show", f"HEAD:{answers_file}")
+    before = _yaml().safe_load(recorded.stdout) if recorded.returncode == 0 else None
+    if not isinstance(before, dict) or before.get("namespace_absent") is True:
+        return Retired(True, "skipped: this worker renders them")
+    absent = [path for path in paths if not (host / path).exists()]
+    if not absent:
+        return Retired(True, "the owner's files are there")
+    return Retired(
+        False,
+        f"{before.get('worker_name')}: the new version reads {', '.join(absent)}, which the "
+        "worker that owns the work namespace brings: run "
+        f"`make update-worker NAME={_namespace_owner(host)}` first (or `make update-workers`, "
+        "which starts with it). Nothing was updated.",
+    )
+
+
 def needs_engine(host: Path, answers_file: str, api: int) -> Retired:
     """Stop the update of a worker whose new version runs on the worker runtime at API `api`
     or newer while the host's runtime is older or absent: the owner of the `work` namespace
@@ -694,15 +735,7 @@ def needs_engine(host: Path, answers_file: str, api: int) -> Retired:
     have = engine_api(host, str(before.get("host_root", "")))
     if have is not None and have >= api:
         return Retired(True, f"the worker runtime is at API {have}")
-    owner = next(
-        (
-            path.parent.name
-            for path in sorted(host.glob("workers/*/.copier-answers.yml"))
-            if (_yaml().safe_load(path.read_text(encoding="utf-8")) or {}).get("namespace_absent")
-            is True
-        ),
-        "<the worker that owns the work namespace>",
-    )
+    owner = _namespace_owner(host)
     state = "does not have yet" if have is None else f"has only at API {have}"
     return Retired(
         False,
@@ -742,6 +775,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api", type=int, required=True, help="the runtime API the worker needs")
     p.add_argument("--host", default=".")
     p = sub.add_parser(
+        "needs-owner", help="stop a worker's update until the owner brought the files it reads"
+    )
+    p.add_argument("--answers-file", required=True)
+    p.add_argument("--path", dest="paths", action="append", required=True)
+    p.add_argument("--host", default=".")
+    p = sub.add_parser(
         "carry",
         help="carry the user's edits of settings.py and container.py across the runtime move",
     )
@@ -771,6 +810,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "needs-engine":
         decided = needs_engine(Path(args.host), args.answers_file, args.api)
+    elif args.command == "needs-owner":
+        decided = needs_owner(Path(args.host), args.answers_file, list(args.paths))
     elif args.command == "compact":
         decided = compact(
             Path(args.host),

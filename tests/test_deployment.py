@@ -1,9 +1,12 @@
 """The worker's deployment artifacts, rendered into the reference host.
 
-Seed 000, Changed: per environment one instance of the host's service module for the
-worker (no load balancer route, rollouts capped at the desired count, a log group with
-retention, autoscaling behind `autoscaling_enabled`, the running-tasks-below-desired alarm
-on the alarm topic, every setting passed as a variable or wired as a secret); the staging
+Seed 000, Changed: per environment one instance of the worker module (rendered once per
+host), which holds one instance of the host's service module (no load balancer route,
+rollouts capped at the desired count, a log group with retention, autoscaling behind
+`autoscaling_enabled`, the running-tasks-below-desired alarm on the alarm topic), the
+queue metrics, backlog scaling and alarms; every setting passed as a variable or wired as a
+secret; `moved` blocks carry the state of the long worker files before the module
+(docs/decisions/0031) and `terraform plan` on it changes nothing more than before; the staging
 workflow builds, pushes and records the image by commit, production promotes that digest
 and never rebuilds; with `container: true` a compose service; the image itself.
 
@@ -17,6 +20,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,14 +29,18 @@ from pathlib import Path
 from typing import Any
 
 import hcl2
+import jinja2
 import pytest
 import yaml
 from conftest import (
     REFERENCE_HOST,
+    RELEASE_0_1_0,
+    REPO,
     VENV_BIN,
     commit_all,
     copy_host,
     copy_template,
+    git,
     load_extension,
     tree_state,
 )
@@ -46,7 +55,9 @@ STAGING = ".github/workflows/deploy-staging.yml"
 PRODUCTION = ".github/workflows/deploy-production.yml"
 COMPOSE_FULL = "deployment/local/docker-compose.full.yml"
 COMPOSE = "deployment/local/docker-compose.yml"
+TERRAFORM_DIR = "deployment/terraform"
 MODULE_DIR = "deployment/terraform/modules/service"
+WORKER_MODULE_DIR = "deployment/terraform/modules/worker"
 FIRST = {"worker_name": "shipment-notifier", "work_kind": "NOTIFY_SHIPMENT"}
 SECOND = {
     "worker_name": "invoice-mailer",
@@ -143,11 +154,24 @@ def _worker_tf(host: Path, env: str, answers: dict[str, Any]) -> Path:
 
 
 def _instance(host: Path, env: str, answers: dict[str, Any]) -> dict[str, Any]:
+    """The worker file's one `module "worker_<module>"` block."""
     with _worker_tf(host, env, answers).open(encoding="utf-8") as handle:
         parsed = hcl2.load(handle)
     modules = _labelled(parsed["module"])
-    assert list(modules) == [_module(answers)], "one module instance per worker and file"
-    return modules[_module(answers)]
+    assert list(modules) == [f"worker_{_module(answers)}"], "one module instance per file"
+    return modules[f"worker_{_module(answers)}"]
+
+
+def _worker_module(host: Path) -> dict[str, Any]:
+    """The worker module (modules/worker), every file parsed and merged."""
+    return _hcl_folder(host / WORKER_MODULE_DIR)
+
+
+def _service(host: Path) -> dict[str, Any]:
+    """The worker module's one `module "service"` block: the host's service module."""
+    modules = _labelled(_worker_module(host)["module"])
+    assert list(modules) == ["service"]
+    return modules["service"]
 
 
 def _parsed_worker(host: Path, env: str, answers: dict[str, Any]) -> dict[str, Any]:
@@ -178,23 +202,39 @@ def test_rendered_terraform_has_no_residue_or_blank_noise(
     assert [line for line in text.splitlines() if line != line.rstrip()] == []
 
 
-@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
-def test_one_service_module_instance_without_a_load_balancer_route(
-    host: Path, env: str, answers: dict[str, Any]
-) -> None:
-    instance = _instance(host, env, answers)
-    assert _unquote(instance["source"]) == "../../modules/service"
-    assert _unquote(instance["name"]) == answers["worker_name"]
-    assert "load_balancer" not in instance
-    assert instance["environment"] == "${local.environment}"
-    assert [_unquote(c) for c in instance["command"]] == ["serve"]
-    # the module's inputs: everything passed is declared, everything without default passed
-    variables = _labelled(_hcl_folder(host / MODULE_DIR)["variable"])
+def _inputs_match(instance: dict[str, Any], folder: Path) -> None:
+    """Everything a module block passes is declared, everything without a default passed."""
+    variables = _labelled(_hcl_folder(folder)["variable"])
     passed = {k for k in instance if not k.startswith("__") and k != "source"}
-    assert passed - set(variables) == set(), "inputs the service module does not declare"
+    assert passed - set(variables) == set(), f"inputs {folder.name} does not declare"
     without_default = {name for name, body in variables.items() if "default" not in body}
-    assert without_default - passed == set(), "module inputs without a default left unset"
+    assert without_default - passed == set(), f"{folder.name} inputs without a default left unset"
+
+
+@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
+def test_one_worker_module_instance_per_file(host: Path, env: str, answers: dict[str, Any]) -> None:
+    instance = _instance(host, env, answers)
+    assert _unquote(instance["source"]) == "../../modules/worker"
+    assert _unquote(instance["name"]) == answers["worker_name"]
+    assert instance["environment"] == "${local.environment}"
+    assert _unquote(instance["settings_prefix"]) == _prefix(answers)
+    _inputs_match(instance, host / WORKER_MODULE_DIR)
+    # the worker file declares its image variable and locals, the module and moves: no resource
+    assert "resource" not in _parsed_worker(host, env, answers)
+
+
+def test_one_service_module_instance_without_a_load_balancer_route(host: Path) -> None:
+    instance = _service(host)
+    assert _unquote(instance["source"]) == "../service"
+    assert instance["name"] == "${var.name}"
+    assert "load_balancer" not in instance
+    assert instance["environment"] == "${var.environment}"
+    assert [_unquote(c) for c in instance["command"]] == ["serve"]
+    _inputs_match(instance, host / MODULE_DIR)
+    for name in ("desired_count", "max_count", "log_retention_days", "autoscaling_enabled"):
+        assert instance[name] == f"${{var.{name}}}", name
     # a worker has no route: the module creates its target group and rule only with one
+    variables = _labelled(_hcl_folder(host / MODULE_DIR)["variable"])
     module = _resources(_hcl_folder(host / MODULE_DIR))
     for resource in ("aws_lb_target_group.this", "aws_lb_listener_rule.this"):
         assert module[resource]["count"] == "${var.load_balancer == null ? 0 : 1}"
@@ -205,11 +245,11 @@ def test_one_service_module_instance_without_a_load_balancer_route(
 def test_rollout_never_exceeds_the_desired_count(
     host: Path, env: str, answers: dict[str, Any]
 ) -> None:
-    instance = _instance(host, env, answers)
+    instance = _service(host)
     assert instance["deployment_maximum_percent"] == 100
     minimum = instance["deployment_minimum_healthy_percent"]
     assert 0 < minimum < 100, "below 100, or a rollout capped at 100 % could never start"
-    assert instance["desired_count"] >= 1
+    assert _instance(host, env, answers)["desired_count"] >= 1
     service = _resources(_hcl_folder(host / MODULE_DIR))["aws_ecs_service.this"]
     assert service["deployment_maximum_percent"] == "${var.deployment_maximum_percent}"
     assert (
@@ -259,6 +299,7 @@ def test_running_below_desired_alarm_notifies_the_alarm_topic(
 ) -> None:
     instance = _instance(host, env, answers)
     assert instance["alarm_topic_arn"] == "${aws_sns_topic.alarms.arn}"
+    assert _service(host)["alarm_topic_arn"] == "${var.alarm_topic_arn}"
     root = _resources(_hcl_folder(host / f"deployment/terraform/environments/{env}"))
     assert "aws_sns_topic.alarms" in root
     alarm = _resources(_hcl_folder(host / MODULE_DIR))[
@@ -274,10 +315,11 @@ def test_running_below_desired_alarm_notifies_the_alarm_topic(
 
 
 RUNTIME_QUEUE_STATS = "workers/runtime/src/acme/workers/runtime/queue_stats.py"
-TOPIC = "${aws_sns_topic.alarms.arn}"
+TOPIC = "${var.alarm_topic_arn}"
 SWITCH = "${var.autoscaling_enabled ? 1 : 0}"
+NAMESPACE_SWITCH = "${var.namespace_alarms ? 1 : 0}"
 # The alarms on the topic: every worker's, and the database's and the outbox's, which only
-# the worker that owns the work namespace (the first) renders.
+# the instance of the worker that owns the work namespace (the first) turns on.
 OWN_ALARMS = {
     "backlog_age",
     "queue_stats_missing",
@@ -301,11 +343,13 @@ def _queue_stats_constant(host: Path, name: str) -> Any:
     raise AssertionError(f"{RUNTIME_QUEUE_STATS} defines no {name}")
 
 
-def _worker_resources(host: Path, env: str, answers: dict[str, Any], kind: str) -> dict[str, Any]:
-    """The worker file's resources of one type, by name without the worker's prefix."""
-    prefix = f"{kind}.{_module(answers)}_"
-    resources = _resources(_parsed_worker(host, env, answers))
-    return {k.removeprefix(prefix): v for k, v in resources.items() if k.startswith(prefix)}
+def _worker_resources(host: Path, kind: str) -> dict[str, Any]:
+    """The worker module's resources of one type, by name."""
+    resources = _resources(_worker_module(host))
+    return {k.removeprefix(f"{kind}."): v for k, v in resources.items() if k.startswith(kind)}
+
+
+LANE = '${var.environment_variables["${var.settings_prefix}LANE"]}'
 
 
 @pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
@@ -314,11 +358,10 @@ def test_metric_filters_read_the_fields_the_loop_logs_from_the_modules_log_group
 ) -> None:
     """The fields and the event are read from the rendered runtime (`queue_stats.py`), so
     the two cannot drift; the engine's own test checks that a sweep pass logs exactly those fields."""
-    module = _module(answers)
     fields = _queue_stats_constant(host, "QUEUE_STATS_FIELDS")
     event = _queue_stats_constant(host, "QUEUE_STATS_EVENT")
-    own = _locals(_parsed_worker(host, env, answers))
-    metrics = own[f"{module}_queue_metrics"]
+    own = _locals(_worker_module(host))
+    metrics = own["queue_metrics"]
     assert {_unquote(m["field"]) for m in metrics.values()} == set(fields) - {"lane"}
     assert len(metrics) == len(fields) - 1, "one metric per field"
     units = {_unquote(m["unit"]) for m in metrics.values()}
@@ -326,20 +369,16 @@ def test_metric_filters_read_the_fields_the_loop_logs_from_the_modules_log_group
     for metric in metrics.values():  # a duration field carries its unit, and so its metric
         field, unit = _unquote(metric["field"]), _unquote(metric["unit"])
         assert field.endswith("_s") == (unit == "Seconds"), field
-    assert _unquote(own[f"{module}_metric_namespace"]) == (
-        f"acme/${{local.environment}}/workers/{answers['worker_name']}"
-    )
-    assert own[f"{module}_lane"] == f'${{local.{module}_environment["{_prefix(answers)}LANE"]}}'
-    [(name, log_filter)] = _worker_resources(
-        host, env, answers, "aws_cloudwatch_log_metric_filter"
-    ).items()
+    assert _unquote(own["metric_namespace"]) == "acme/${var.environment}/workers/${var.name}"
+    assert own["lane"] == LANE
+    [(name, log_filter)] = _worker_resources(host, "aws_cloudwatch_log_metric_filter").items()
     assert name == "queue_stats"
-    assert log_filter["for_each"] == f"${{local.{module}_queue_metrics}}"
-    assert log_filter["log_group_name"] == f"${{module.{module}.log_group_name}}"
+    assert log_filter["for_each"] == "${local.queue_metrics}"
+    assert log_filter["log_group_name"] == "${module.service.log_group_name}"
     pattern = _unquote(log_filter["pattern"]).replace('\\"', '"')
     assert pattern == f'{{ ($.event = "{event}") && ($.${{each.value.field}} >= 0) }}'
     [transformation] = log_filter["metric_transformation"]
-    assert transformation["namespace"] == f"${{local.{module}_metric_namespace}}"
+    assert transformation["namespace"] == "${local.metric_namespace}"
     assert _unquote(transformation["value"]) == "$.${each.value.field}"
     assert {k: _unquote(v) for k, v in transformation["dimensions"].items()} == {"lane": "$.lane"}
     assert "lane" in fields
@@ -352,25 +391,29 @@ def test_metric_filters_read_the_fields_the_loop_logs_from_the_modules_log_group
 def test_every_alarm_notifies_the_alarm_topic_and_says_what_it_means(
     host: Path, env: str, answers: dict[str, Any]
 ) -> None:
-    module = _module(answers)
-    metrics = _locals(_parsed_worker(host, env, answers))[f"{module}_queue_metrics"]
-    alarms = _worker_resources(host, env, answers, "aws_cloudwatch_metric_alarm")
-    paging = {name: body for name, body in alarms.items() if "count" not in body}
-    owner = answers is FIRST  # the first worker created the work namespace
-    assert set(paging) == OWN_ALARMS | (OWNER_ALARMS if owner else set())
+    metrics = _locals(_worker_module(host))["queue_metrics"]
+    alarms = _worker_resources(host, "aws_cloudwatch_metric_alarm")
+    paging = {name: body for name, body in alarms.items() if body.get("count") != SWITCH}
+    assert set(paging) == OWN_ALARMS | OWNER_ALARMS
+    once = {name for name, body in paging.items() if body.get("count") == NAMESPACE_SWITCH}
+    assert once == OWNER_ALARMS
+    assert {n for n, b in paging.items() if "count" in b} == OWNER_ALARMS
+    # the first worker created the work namespace: its instances alone turn them on
+    instance = _instance(host, env, answers)
+    assert instance.get("namespace_alarms", False) is (answers is FIRST)
     for name, alarm in paging.items():
         assert alarm["alarm_actions"] == [TOPIC], name
         assert alarm["ok_actions"] == [TOPIC], name
         assert _unquote(alarm["metric_name"]) in metrics, name
-        assert alarm["namespace"] == f"${{local.{module}_metric_namespace}}", name
-        assert alarm["dimensions"] == {"lane": f"${{local.{module}_lane}}"}, name
+        assert alarm["namespace"] == "${local.metric_namespace}", name
+        assert alarm["dimensions"] == {"lane": "${local.lane}"}, name
         assert _unquote(alarm["treat_missing_data"]) in {"notBreaching", "breaching"}, name
         assert alarm["period"] in (60, 300), name
         description = _unquote(alarm["alarm_description"])
         assert len(description) <= 1024 and description.count(". ") >= 1, name
         # the name says the threshold with its unit
         title = _unquote(alarm["alarm_name"])
-        assert title.startswith(f"${{module.{module}.service_name}}-"), name
+        assert title.startswith("${module.service.service_name}-"), name
         assert re.search(r"(\d+min|\}s|-xids|-above-0)$", title), title
     # only the missing line counts as breaching: the others read nothing into no data
     missing = {n for n, a in paging.items() if _unquote(a["treat_missing_data"]) == "breaching"}
@@ -384,26 +427,26 @@ def test_every_alarm_notifies_the_alarm_topic_and_says_what_it_means(
 def test_backlog_scaling_exists_only_behind_the_autoscaling_switch(
     host: Path, env: str, answers: dict[str, Any]
 ) -> None:
-    module = _module(answers)
-    policies = _worker_resources(host, env, answers, "aws_appautoscaling_policy")
+    policies = _worker_resources(host, "aws_appautoscaling_policy")
     assert set(policies) == {"backlog", "oldest_item_age"}
     for name, policy in policies.items():
         assert policy["count"] == SWITCH, name
         assert _unquote(policy["resource_id"]) == (
-            f"service/${{var.cluster_name}}/${{module.{module}.service_name}}"
+            "service/${var.cluster_name}/${module.service.service_name}"
         )
         assert _unquote(policy["scalable_dimension"]) == "ecs:service:DesiredCount"
         assert _unquote(policy["service_namespace"]) == "ecs"
         # the module creates the scalable target (docs/host-contract.md)
-        assert policy["depends_on"] == [f"${{module.{module}}}"], name
+        assert policy["depends_on"] == ["${module.service}"], name
+    assert _instance(host, env, answers)["autoscaling_enabled"] == "${var.autoscaling_enabled}"
     tracking = policies["backlog"]
     assert _unquote(tracking["policy_type"]) == "TargetTrackingScaling"
     [config] = tracking["target_tracking_scaling_policy_configuration"]
-    assert config["target_value"] == f"${{local.{module}_backlog_per_task_items}}"
-    own = _locals(_parsed_worker(host, env, answers))
-    capacity = f'local.{module}_environment["{_prefix(answers)}CAPACITY"]'
-    assert own[f"{module}_capacity_items"] == f"${{tonumber({capacity})}}"
-    assert own[f"{module}_backlog_per_task_items"] == f"${{local.{module}_capacity_items}}"
+    assert config["target_value"] == "${local.backlog_per_task_items}"
+    own = _locals(_worker_module(host))
+    capacity = 'var.environment_variables["${var.settings_prefix}CAPACITY"]'
+    assert own["capacity_items"] == f"${{tonumber({capacity})}}"
+    assert own["backlog_per_task_items"] == "${local.capacity_items}"
     [spec] = config["customized_metric_specification"]
     queries = {_unquote(q["id"]): q for q in spec["metrics"]}
     assert [i for i, q in queries.items() if q["return_data"]] == ["per_task"]
@@ -417,24 +460,25 @@ def test_backlog_scaling_exists_only_behind_the_autoscaling_switch(
     assert _unquote(stepping["policy_type"]) == "StepScaling"
     triggers = {
         name: alarm
-        for name, alarm in _worker_resources(
-            host, env, answers, "aws_cloudwatch_metric_alarm"
-        ).items()
-        if "count" in alarm
+        for name, alarm in _worker_resources(host, "aws_cloudwatch_metric_alarm").items()
+        if alarm.get("count") == SWITCH
     }
     assert set(triggers) == {"scale_out_on_age"}
     trigger = triggers["scale_out_on_age"]
     assert trigger["count"] == SWITCH
-    assert trigger["alarm_actions"] == [
-        f"${{aws_appautoscaling_policy.{module}_oldest_item_age[0].arn}}"
-    ]
+    assert trigger["alarm_actions"] == ["${aws_appautoscaling_policy.oldest_item_age[0].arn}"]
     assert _unquote(trigger["metric_name"]) == "OldestAvailableAge"
-    # nothing else in the worker's file is behind the switch, nothing else scales
-    counted = {k for k, v in _resources(_parsed_worker(host, env, answers)).items() if "count" in v}
+    # nothing else in the worker module is behind the switch, nothing else scales
+    resources = _resources(_worker_module(host))
+    counted = {k for k, v in resources.items() if v.get("count") == SWITCH}
     assert counted == {
-        f"aws_appautoscaling_policy.{module}_backlog",
-        f"aws_appautoscaling_policy.{module}_oldest_item_age",
-        f"aws_cloudwatch_metric_alarm.{module}_scale_out_on_age",
+        "aws_appautoscaling_policy.backlog",
+        "aws_appautoscaling_policy.oldest_item_age",
+        "aws_cloudwatch_metric_alarm.scale_out_on_age",
+    }
+    assert {v.get("count") for k, v in resources.items() if k not in counted} <= {
+        None,
+        NAMESPACE_SWITCH,
     }
 
 
@@ -461,7 +505,11 @@ def test_every_setting_is_passed_or_wired_as_a_secret(
     assert environment[f"{prefix}METRICS_HOST"] == "0.0.0.0"
     assert environment[f"{prefix}METRICS_PORT"] == f"${{tostring(local.{module}_metrics_port)}}"
     assert own[f"{module}_metrics_port"] == deploy.CONTAINER_METRICS_PORT
-    assert instance["container_port"] == f"${{local.{module}_metrics_port}}"
+    assert instance["metrics_port"] == f"${{local.{module}_metrics_port}}"
+    service = _service(host)
+    assert service["container_port"] == "${var.metrics_port}"
+    assert service["environment_variables"] == "${var.environment_variables}"
+    assert service["secrets"] == "${var.secrets}"
     assert environment[f"{prefix}RELEASE"] == f"${{local.{module}_release}}"
     # the database and Redis URLs never in plain settings: secrets from the secret store
     assert instance["secrets"] == "${local.shared_secrets}"
@@ -529,6 +577,281 @@ def test_environments_differ_only_in_sizes(host: Path) -> None:
     differing = {k for k in staging if staging[k] != production.get(k)}
     assert differing == {"desired_count", "log_retention_days", "max_count"}
     assert production["desired_count"] >= staging["desired_count"]
+
+
+# --- the move into the worker module (docs/decisions/0031) ---------------------------------
+
+# The last commits whose worker files declared the worker's resources themselves: the 0.1.0
+# release (the service module instance only) and the last one before the worker module.
+BEFORE_MODULE = {"v0.1.0": RELEASE_0_1_0, "pre-module": "568e5b9210b7e0fca3e80e60bc66fcb5a8a02370"}
+OLD_WORKER_TF = (
+    "template/deployment/terraform/environments/{env}/worker_{{{{ worker_module }}}}.tf.jinja"
+)
+PLUGINS = "/opt/tf-plugins"
+naming = load_extension("naming")
+
+
+def _old_worker_tf(commit: str, env: str, answers: dict[str, Any], *, owner: bool) -> str:
+    """The worker file as the template rendered it at `commit` (a commit of this repository)."""
+    source = git(REPO, "show", f"{commit}:{OLD_WORKER_TF.format(env=env)}")
+    context = {
+        "lane": "default",
+        "host_root": "acme",
+        "namespace_absent": owner,
+        **answers,
+        **naming.derive_names(worker_name=answers["worker_name"], work_kind=answers["work_kind"]),
+    }
+    environment = jinja2.Environment(keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+    return environment.from_string(source).render(context)
+
+
+def _addresses(parsed: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Module calls and resources as Terraform addresses (`module.x`, `<type>.<name>`)."""
+    calls = {f"module.{name}": body for name, body in _labelled(parsed.get("module", [])).items()}
+    return calls | _resources(parsed)
+
+
+def _moves(parsed: dict[str, Any]) -> dict[str, str]:
+    """`moved` blocks as `{from: to}`, addresses without `${}`."""
+    return {block["from"][2:-1]: block["to"][2:-1] for block in parsed.get("moved", [])}
+
+
+@pytest.mark.parametrize("commit", list(BEFORE_MODULE.values()), ids=list(BEFORE_MODULE))
+@pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
+def test_every_old_address_moves_into_the_worker_module(
+    host: Path, env: str, answers: dict[str, Any], commit: str
+) -> None:
+    """Each address the worker file declared before the module has a `moved` block to an
+    address the module declares, with the same count or for_each (keys kept), so an
+    updated host's plan moves state instead of destroying and recreating."""
+    owner = answers is FIRST
+    old = hcl2.loads(_old_worker_tf(commit, env, answers, owner=owner))
+    moves = _moves(_parsed_worker(host, env, answers))
+    module = _module(answers)
+    prefix = f"module.worker_{module}."
+    inside = _addresses(_worker_module(host))
+    old_metrics = _locals(old).get(f"{module}_queue_metrics")
+    for address, body in _addresses(old).items():
+        assert address in moves, f"{address}: no moved block"
+        target = moves[address]
+        assert target.startswith(prefix), target
+        inner, _, key = target.removeprefix(prefix).partition("[")
+        kind = inner.partition(".")[0]
+        if address == f"module.{module}":
+            assert inner == "module.service" and not key
+            continue
+        assert kind == address.split(".")[0], "a move keeps the resource type"
+        assert inner in inside, f"{target}: the worker module declares no {inner}"
+        new = inside[inner]
+        if "for_each" in body:  # the same map, so the same keys
+            assert body["for_each"] == f"${{local.{module}_queue_metrics}}"
+            assert new["for_each"] == "${local.queue_metrics}"
+            assert _locals(_worker_module(host))["queue_metrics"] == old_metrics
+            assert not key
+        elif "count" in body:
+            assert body["count"] == new["count"] == SWITCH and not key
+        else:  # one instance before; the module's count is 1 for this worker
+            assert not key or (key == "0]" and new["count"] == NAMESPACE_SWITCH and owner), target
+            assert "count" not in new or key == "0]"
+    if commit == BEFORE_MODULE["pre-module"]:  # no move from an address never declared
+        assert set(moves) == set(_addresses(old))
+        # and every address in the module has come from somewhere (the owner's has all)
+        targets = {t.removeprefix(prefix).partition("[")[0] for t in moves.values()}
+        assert targets == (
+            set(inside)
+            if owner
+            else set(inside) - {f"aws_cloudwatch_metric_alarm.{name}" for name in OWNER_ALARMS}
+        )
+
+
+def _terraform(folder: Path, *args: str) -> str:
+    done = subprocess.run(
+        [TERRAFORM, *args, "-no-color"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "CHECKPOINT_DISABLE": "1", "TF_IN_AUTOMATION": "1"},
+    )
+    assert done.returncode == 0, f"terraform {args[0]}: {done.stdout}{done.stderr}"
+    return done.stdout
+
+
+# Offline: the provider from the local plugin folder, no credentials, a local backend.
+OFFLINE_OVERRIDE = """\
+terraform {
+  backend "local" {}
+}
+
+provider "aws" {
+  region                      = "eu-west-1"
+  access_key                  = "offline"
+  secret_key                  = "offline"
+  skip_credentials_validation = true
+  skip_requesting_account_id  = true
+  skip_metadata_api_check     = true
+  skip_region_validation      = true
+}
+"""
+ARN = "arn:aws:sns:eu-west-1:123456789012:placeholder"
+VARIABLES = {
+    "cluster_arn": "arn:aws:ecs:eu-west-1:123456789012:cluster/c",
+    "cluster_name": "c",
+    "vpc_id": "vpc-1",
+    "private_subnet_ids": ["subnet-1"],
+    "task_security_group_ids": ["sg-1"],
+    "execution_role_arn": "arn:aws:iam::123456789012:role/execution",
+    "task_role_arn": "arn:aws:iam::123456789012:role/task",
+    "alb_listener_arn": "arn:aws:elasticloadbalancing:eu-west-1:123456789012:listener/app/a/1/2",
+    "database_url_secret_arn": ARN,
+    "redis_url_secret_arn": ARN,
+    "sentry_dsn_secret_arn": ARN,
+    "otel_exporter_endpoint": "http://collector:4318",
+    "api_image": DIGEST,
+    "shipment_notifier_image": DIGEST,
+    "invoice_mailer_image": DIGEST,
+    "autoscaling_enabled": True,
+}
+
+
+def _plan(folder: Path) -> dict[str, Any]:
+    """`terraform plan` of an environment folder, offline and without refresh, as JSON."""
+    (folder / "offline_override.tf").write_text(OFFLINE_OVERRIDE, encoding="utf-8")
+    (folder / "offline.tfvars.json").write_text(json.dumps(VARIABLES), encoding="utf-8")
+    _terraform(folder, "init", "-reconfigure", f"-plugin-dir={PLUGINS}", "-input=false")
+    _terraform(
+        folder, "plan", "-refresh=false", "-input=false", "-var-file=offline.tfvars.json", "-out=p"
+    )
+    return dict(json.loads(_terraform(folder, "show", "-json", "p")))
+
+
+def _schema_versions(module: dict[str, Any]) -> dict[str, int]:
+    """`{address: schema_version}` of a plan's `planned_values` module, children included."""
+    versions = {r["address"]: r["schema_version"] for r in module.get("resources", [])}
+    for child in module.get("child_modules", []):
+        versions |= _schema_versions(child)
+    return versions
+
+
+def _state(plan: dict[str, Any]) -> dict[str, Any]:
+    """A state holding every managed resource a plan creates, as planned; values known only
+    after apply are null, but `id` and `arn` (which other resources read) a placeholder."""
+    versions = _schema_versions(plan["planned_values"]["root_module"])
+    grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for change in plan["resource_changes"]:
+        if change["mode"] != "managed":
+            continue
+        after = dict(change["change"]["after"])
+        for name, unknown in change["change"]["after_unknown"].items():
+            if unknown is True:
+                after[name] = ARN if name in ("id", "arn") else None
+        instance = {"schema_version": versions[change["address"]], "attributes": after}
+        if "index" in change:
+            instance["index_key"] = change["index"]
+        key = (change.get("module_address", ""), change["type"], change["name"])
+        grouped.setdefault(key, []).append(instance)
+    provider = 'provider["registry.terraform.io/hashicorp/aws"]'
+    resources = [
+        {"mode": "managed", "type": kind, "name": name, "provider": provider, "instances": items}
+        | ({"module": module} if module else {})
+        for (module, kind, name), items in grouped.items()
+    ]
+    return {"version": 4, "serial": 1, "lineage": "moves", "outputs": {}, "resources": resources}
+
+
+def test_plan_after_the_update_destroys_nothing_and_changes_no_value(
+    host: Path, tmp_path: Path
+) -> None:
+    """The staging folder before the module (both workers' old files, autoscaling on), its
+    plan turned into a state; the folder after it, planned on that state: no resource is
+    created or destroyed, each of the workers' resources is found at its old address, and
+    every planned value (alarm and metric names included) is the old plan's."""
+    env = "staging"
+    new = tmp_path / "after"
+    shutil.copytree(host / TERRAFORM_DIR, new, ignore=shutil.ignore_patterns(".terraform*"))
+    old = tmp_path / "before"
+    shutil.copytree(REFERENCE_HOST / TERRAFORM_DIR, old)
+    for answers in WORKERS:
+        rendered = _old_worker_tf(BEFORE_MODULE["pre-module"], env, answers, owner=answers is FIRST)
+        (old / "environments" / env / f"worker_{_module(answers)}.tf").write_text(rendered)
+    before = _plan(old / "environments" / env)
+    state = json.dumps(_state(before))
+    (old / "environments" / env / "terraform.tfstate").write_text(state, encoding="utf-8")
+    (new / "environments" / env / "terraform.tfstate").write_text(state, encoding="utf-8")
+    again = {
+        c["address"]: c["change"] for c in _plan(old / "environments" / env)["resource_changes"]
+    }
+    after = _plan(new / "environments" / env)["resource_changes"]
+    assert len(again) == len(before["resource_changes"]) == len(after)
+    moved = 0
+    for change in after:
+        previous = change.get("previous_address", change["address"])
+        moved += previous != change["address"]
+        assert previous in again, f"{change['address']}: not in the state before"
+        assert set(change["change"]["actions"]) <= {"no-op", "update"}, change["address"]
+        assert change["change"]["actions"] == again[previous]["actions"], change["address"]
+        assert change["change"]["after"] == again[previous]["after"], change["address"]
+    workers = [c for c in again if any(_module(a) in c for a in WORKERS)]
+    assert moved == len(workers) > 0
+
+
+def test_a_worker_other_than_the_owner_is_refused_without_the_worker_module(
+    host: Path, tmp_path: Path
+) -> None:
+    """A copy of the second worker into a host whose owner predates the worker module stops
+    before writing, naming the module (the owner's update brings it)."""
+    shutil.copytree(host / TERRAFORM_DIR, tmp_path / TERRAFORM_DIR)
+    spec = patcher.Spec(
+        worker_name="invoice-mailer",
+        work_kind="SEND_INVOICE",
+        lane="billing",
+        host_root="acme",
+        namespace_absent=False,
+        container=True,
+    )
+    assert deploy.check_terraform(tmp_path, spec) == []
+    shutil.rmtree(tmp_path / WORKER_MODULE_DIR)
+    refusal = (
+        f"{WORKER_MODULE_DIR}: the worker module does not exist (the worker that owns the "
+        "work namespace renders it: update that worker first)"
+    )
+    assert deploy.check_terraform(tmp_path, spec) == [refusal]
+    owner = dataclasses.replace(spec, namespace_absent=True)
+    assert deploy.check_terraform(tmp_path, owner) == []
+
+
+def test_a_worker_updated_before_the_owner_waits_for_the_worker_module(tmp_path: Path) -> None:
+    """copier.yml's v0.2.0 `needs-owner` entry: the second worker's update stops, naming
+    the owner's update, until the owner rendered the module; the owner always goes on."""
+    lifecycle = load_extension("lifecycle")
+    module_main = f"{WORKER_MODULE_DIR}/main.tf"
+    [entry] = [
+        m
+        for m in yaml.safe_load((REPO / "copier.yml").read_text(encoding="utf-8"))["_migrations"]
+        if "needs-owner" in m["command"]
+    ]
+    assert entry["version"] == "v0.2.0" and entry["command"][-2:] == ["--path", module_main]
+    root = tmp_path / "host"
+    for answers, owner in ((FIRST, True), (SECOND, False)):
+        folder = root / "workers" / str(answers["worker_name"])
+        folder.mkdir(parents=True)
+        recorded = {"worker_name": answers["worker_name"], "namespace_absent": owner}
+        (folder / ".copier-answers.yml").write_text(yaml.safe_dump(recorded), encoding="utf-8")
+    git(root, "init", "-q", "-b", "main")
+    commit_all(root, "two workers")
+    second = "workers/invoice-mailer/.copier-answers.yml"
+    waits = lifecycle.needs_owner(root, second, [module_main])
+    assert not waits.proceed
+    assert waits.message == (
+        f"invoice-mailer: the new version reads {module_main}, which the worker that owns the "
+        "work namespace brings: run `make update-worker NAME=shipment-notifier` first (or "
+        "`make update-workers`, which starts with it). Nothing was updated."
+    )
+    first = "workers/shipment-notifier/.copier-answers.yml"
+    assert lifecycle.needs_owner(root, first, [module_main]).proceed
+    (root / WORKER_MODULE_DIR).mkdir(parents=True)
+    (root / module_main).write_text("# the owner's\n", encoding="utf-8")
+    assert lifecycle.needs_owner(root, second, [module_main]).proceed
 
 
 # --- deploy workflows -----------------------------------------------------------------------
@@ -747,7 +1070,7 @@ REFUSALS = [
         f"{MODULE_DIR}/outputs.tf",
         'output "log_group_name" {',
         'output "logs" {',
-        f'{MODULE_DIR}: no `output "log_group_name"` (the staging worker file reads it)',
+        f'{MODULE_DIR}: no `output "log_group_name"` (the worker module reads it)',
     ),
 ]
 

@@ -754,6 +754,10 @@ def test_rename_worker_moves_answers_and_keeps_edits(host: Path) -> None:
         if p.is_file() and f"acme-{B}" in p.read_text(errors="replace")
     ]
     assert stale == []
+    for env in ("staging", "production"):  # the Terraform module instance follows too
+        terraform = host / f"deployment/terraform/environments/{env}/worker_invoice_sender.tf"
+        assert 'module "worker_invoice_sender" {' in terraform.read_text()
+        assert "worker_invoice_mailer" not in terraform.read_text()
     counts = {rel: (host / rel).read_text() for rel in FRAGMENT_FILES}
     assert all(not re.search(rf"\b{B}\b|INVOICE_MAILER_", t) for t in counts.values()), [
         r for r, t in counts.items() if re.search(rf"\b{B}\b|INVOICE_MAILER_", t)
