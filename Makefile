@@ -1,6 +1,6 @@
 # worker-template: every command sets up what it needs on a fresh machine.
 #   make demo   render a worker into the reference host and watch it process 200 items
-#   make test   the template's whole test suite (what CI runs)
+#   make test   the template's whole test suite and the engine's (what CI runs)
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 PYTHON ?= python3
@@ -62,6 +62,8 @@ test: setup services
 	@$(UV) run --locked ruff format --check --quiet extensions tests scripts bench
 	@$(UV) run --locked mypy
 	@$(UV) run --locked --quiet pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	@# The engine's exhaustive suite, once: hosts receive only its contract and seed cases.
+	@$(UV) run --locked --quiet python scripts/engine_check.py
 	@# The chaos harness's 1,000-item smoke, alone on the machine (its bounds are timings).
 	@$(UV) run --locked --quiet python scripts/chaos.py --items 1000 $(CHAOS_SMOKE_ARGS)
 

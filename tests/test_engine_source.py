@@ -25,7 +25,7 @@ def stubs() -> dict[Path, str]:
 
 def test_every_stub_names_an_engine_file_at_the_path_it_renders_to() -> None:
     named = stubs()
-    assert len(named) >= 40
+    assert len(named) >= 30
     for stub, source in named.items():
         assert (REPO / "engine" / source).is_file(), stub
         rendered = stub.relative_to(REPO / "template").as_posix().removesuffix(".jinja")
@@ -40,6 +40,27 @@ def test_the_engine_holds_no_jinja_and_every_source_is_rendered_or_engine_only()
         assert not re.search(r"\{\{ |\{% ", text), path
         rel = path.relative_to(REPO / "engine").as_posix()
         assert rel in named or "/tests/" in f"/{rel}", f"{rel}: no stub renders it"
+
+
+# What a host receives of the engine's tests (issue 30): the storage contract over its own
+# storages, the seed's manager and relay cases; the rest runs only in `make engine-check`.
+HOST_TESTS = {
+    "om/tests/work_fixtures.py",
+    "om/tests/contracts/work_storage.py",
+    "om/tests/unit/test_work_storage.py",
+    "om/tests/integration/test_work_storage_postgres.py",
+    "om/tests/unit/test_work_manager.py",
+    "om/tests/unit/test_outbox_relay_work.py",
+}
+
+
+def test_a_host_receives_the_contract_and_the_seeds_cases_and_no_other_engine_test() -> None:
+    rendered = {
+        source
+        for source in stubs().values()
+        if "/tests/" in f"/{source}" and not source.startswith("workers/runtime/src/")
+    }
+    assert rendered == HOST_TESTS
 
 
 def test_the_rewrite_moves_the_root_and_its_prefix_and_nothing_else() -> None:

@@ -18,6 +18,7 @@ import tomlkit
 import yaml
 from conftest import (
     FIXTURES,
+    REPO,
     UPDATE_MARKER,
     VENV_BIN,
     commit_all,
@@ -62,44 +63,38 @@ NAMESPACE_FILES = [
     "om/tests/contracts/work_storage.py",
     "om/tests/unit/test_work_storage.py",
     "om/tests/integration/test_work_storage_postgres.py",
-    "om/tests/integration/test_work_privileges_postgres.py",
     "om/tests/unit/test_work_manager.py",
     "om/tests/unit/test_outbox_relay_work.py",
     f"{WORK}/enqueuers/__init__.py",
 ]
 # The worker runtime (issue 13), rendered with the namespace by its owner.
 RUNTIME = "workers/runtime"
-RUNTIME_FILES = (
-    [f"{RUNTIME}/pyproject.toml", f"{RUNTIME}/README.md"]
-    + [
-        f"{RUNTIME}/src/acme/workers/runtime/{f}.py"
-        for f in (
-            "__init__",
-            "settings",
-            "loop",
-            "metrics",
-            "server",
-            "cli",
-            "container",
-            "worker",
-            "testing",
-            "fixtures",
-            "contract",
-            "errors",
-        )
-    ]
-    + [
-        f"{RUNTIME}/tests/{f}.py"
-        for f in (
-            "conftest",
-            "test_loop",
-            "test_main",
-            "test_process",
-            "test_wake_ups",
-            "test_container",
-        )
-    ]
-)
+RUNTIME_FILES = [f"{RUNTIME}/pyproject.toml", f"{RUNTIME}/README.md"] + [
+    f"{RUNTIME}/src/acme/workers/runtime/{f}.py"
+    for f in (
+        "__init__",
+        "settings",
+        "loop",
+        "metrics",
+        "server",
+        "cli",
+        "container",
+        "worker",
+        "testing",
+        "fixtures",
+        "contract",
+        "errors",
+    )
+]
+# The engine's exhaustive tests run in the template (make engine-check, issue 30); a host
+# receives none of them, only the contract and the seed's cases above.
+ENGINE_ONLY_TESTS = [
+    "om/tests/unit/test_work_rules.py",
+    "om/tests/unit/test_work_manager_engine.py",
+    "om/tests/integration/test_work_privileges_postgres.py",
+    "om/tests/integration/test_work_storage_postgres_engine.py",
+    f"{RUNTIME}/tests",
+]
 MIGRATION_PATTERNS = [
     rf"om/migrations/{path}"
     for name in (
@@ -146,6 +141,7 @@ def test_render_creates_every_created_file(rendered: Path) -> None:
         f for f in NAMESPACE_FILES + RUNTIME_FILES + WORKER_FILES if not (rendered / f).is_file()
     ]
     assert missing == []
+    assert [f for f in ENGINE_ONLY_TESTS if (rendered / f).exists()] == []
     files = [str(p.relative_to(rendered)) for p in rendered.rglob("*") if p.is_file()]
     for pattern in MIGRATION_PATTERNS:
         assert [f for f in files if re.fullmatch(pattern, f)], pattern
@@ -401,13 +397,18 @@ def test_a_host_without_batched_audit_appends_passes_the_workers_tests(
     """The optional `append_many` of docs/host-contract.md ("Batched audit appends") gone
     from the host's audit manager, as in a host written before it: the worker's container
     hands the handlers the host's manager itself (one session per entry), and the engine's
-    audit tests, the worker's handler and loop tests pass over it (issue 10)."""
+    audit tests (engine-only: put into the host here), the worker's handler and loop tests
+    pass over it (issue 10)."""
     host = make_host()
     manager = host / "om/src/acme/om/audit/impl/manager.py"
     text = manager.read_text()
     assert "    async def append_many(" in text
     manager.write_text(text.replace("    async def append_many(", "    async def _no_batches("))
     render(host)
+    for name in ("conftest.py", "test_audit.py"):  # the reference host's root is the engine's
+        source = REPO / "engine" / RUNTIME / "tests" / name
+        (host / RUNTIME / "tests").mkdir(exist_ok=True)
+        shutil.copy(source, host / RUNTIME / "tests" / name)
     commit_all(host, "shipment-notifier over a host without append_many")
     synced = uv_sync(host, uv_env)
     assert synced.returncode == 0, synced.stdout + synced.stderr

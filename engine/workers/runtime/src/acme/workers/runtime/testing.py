@@ -2,10 +2,9 @@
 `PROBE`, the worker the engine's own tests run.
 
 Importable from any test (the tests run in importlib mode, so test folders are not on the
-path); nothing here runs in production. The process tests' worker (`serve_scripted`) and
-the servers and proxies the engine's own tests start are test code's alone
-(om/tests/work_process.py, om/tests/work_network.py). The pattern follows procrastinate's
-`testing.py`.
+path); nothing here runs in production. The process tests' worker and the servers and
+proxies the engine's own tests start stay in the template's repository. The pattern
+follows procrastinate's `testing.py`.
 """
 
 from __future__ import annotations
