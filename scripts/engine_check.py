@@ -60,9 +60,14 @@ def _locked_version(package: str) -> str:
     return str(next(p["version"] for p in lock["package"] if p["name"] == package))
 
 
-def _run(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
-    done = subprocess.run(command, cwd=cwd, env=env, check=False)
+def _run(
+    command: list[str], cwd: Path, env: dict[str, str] | None = None, *, quiet: bool = False
+) -> None:
+    """Run `command`; SystemExit naming it when it fails. `quiet`: its output only then."""
+    done = subprocess.run(command, cwd=cwd, env=env, check=False, capture_output=quiet, text=True)
     if done.returncode != 0:
+        if quiet:
+            print(done.stdout[-4000:], done.stderr[-2000:], sep="\n", file=sys.stderr)
         raise SystemExit(f"engine-check: `{' '.join(command)}` failed in {cwd}")
 
 
@@ -145,8 +150,12 @@ def main() -> int:
         # The host's fixtures create its test roles when absent; once, before the workers
         # of the parallel run would race to.
         probe = "om/tests/integration/test_work_privileges_postgres.py"
-        _run(["uv", "run", "--quiet", "pytest", "-q", "--setup-only", probe], HOST, env)
-    worker_tests = sorted(p.relative_to(HOST) for p in (HOST / "workers").glob("*/tests"))
+        _run(["uv", "run", "--quiet", "pytest", "-q", "--setup-only", probe], HOST, env, quiet=True)
+    worker_tests = sorted(
+        p.relative_to(HOST)
+        for p in (HOST / "workers").glob("*/tests")
+        if p.parent.name != "runtime"
+    )
     selection = ["-m", "not integration"] if no_pg else []
     extra = os.environ.get("ENGINE_CHECK_ARGS", "").split()
     _run(
