@@ -172,6 +172,9 @@ def test_second_worker_adds_its_kind_only(host: Path) -> None:
     patcher.apply(host, FIRST)
     readme = host / "om/src/acme/om/work/README.md"
     readme.write_text("# Work\n\nItems of work.\n")
+    module = host / "deployment/terraform/modules/worker/main.tf"  # the first worker renders it
+    module.parent.mkdir(parents=True)
+    module.write_text("# the worker module\n")
     commit_all(host, "first worker")
     assert patcher.check_host(host, SECOND) == []
     changed = patcher.apply(host, SECOND)
