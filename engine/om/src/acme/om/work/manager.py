@@ -38,18 +38,16 @@ class WorkManagerInterface(ABC):
     async def enqueue(self, ctx: OpContext, item: WorkItem) -> WorkItem:
         """Insert `item` in `ctx`'s tenant, or return the row that already holds it.
 
-        The payload is validated against `WORK_PAYLOADS[item.kind]` and stored in its
-        JSON form. The actor, the status, the attempts and the causing request (id and
-        trace context) are stamped from `ctx` and every claim field is cleared, whatever
-        the caller sent; the id and the timestamps stay as constructed. A duplicate id or
+        The payload is validated against `WORK_PAYLOADS[item.kind]`. The actor, status,
+        attempts and causing request are stamped from `ctx` and every claim field cleared,
+        whatever the caller sent; the id and the timestamps stay as constructed. A duplicate id or
         `idempotency_key` returns the existing row untouched (a retried enqueue never
         resets a claim). Publishes `Topics.WORK_AVAILABLE` after the commit, in a task of
         its own (the call does not wait for it; see `publish_owed_wake_ups`). Raises
         `Invalid` naming the field (an unknown kind, a payload field, an `org_id` of
         another tenant or the nil tenant `EMPTY_UUID`, the system scope, a lane that is not
         snake_case of at most 100 characters, the rule a worker's `LANE` setting applies,
-        a payload string or an idempotency key that holds a NUL character, which
-        PostgreSQL cannot store: refused on every storage alike) with nothing written.
+        a NUL character in a payload string or an idempotency key) with nothing written.
         """
 
     @abstractmethod

@@ -18,9 +18,8 @@ class WorkMetrics:
     is not written yet, as the last `queue_stats` counted them (each sweep pass);
     `oldest_snapshot_xid_age` is a gauge too: in transaction ids, how far the oldest snapshot
     another session of the `database` holds lags behind, as the last `queue_stats` read it
-    (PostgreSQL only: on SQLite and in memory it is never set, so never exported). Build one
-    per registry: a second set on the same registry raises `ValueError` (duplicated time
-    series); `default_metrics()` holds the process-wide one on the default registry.
+    (PostgreSQL only). One set per registry (a second raises `ValueError`);
+    `default_metrics()` is the process-wide one.
     """
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:

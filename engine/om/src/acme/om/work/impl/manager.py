@@ -74,15 +74,11 @@ class WorkManagerImpl(OperatorCommands):
     `tenancy` builds the context a claimed item runs under; `audit` records dead letters
     and operator actions; `topics` carries the `WORK_AVAILABLE` wake-up; `metrics`
     defaults to the process-wide counters. Every write after the enqueue signs
-    `updated_by` with `EMPTY_UUID`, never with the context's user: the context is the
-    attribution of the work, not of the bookkeeping on its row (the work queue's one
-    exception to The Business Layer, Shape of an Operation).
+    `updated_by` with `EMPTY_UUID`: the context attributes the work, not the row's
+    bookkeeping.
 
-    Its parts: the tenancy answers for claimed items (`TenancyAnswers`), the wake-ups
-    published off the enqueue's path (`WakeUpPublisher`), the dead letters' audit entries
-    (`DeadLetterAudits`: whatever stops between a dead letter and its entry,
-    `audit_dead_letters`, a sweep step, writes it once) and the operator's commands
-    (`OperatorCommands`).
+    Its parts: `TenancyAnswers`, `WakeUpPublisher`, `DeadLetterAudits` (an entry a stop
+    left owed is written once by the sweep's `audit_dead_letters`), `OperatorCommands`.
     """
 
     def __init__(

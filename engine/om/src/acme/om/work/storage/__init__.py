@@ -135,10 +135,9 @@ class WorkStorageInterface(ABC):
     """All access to `work_items`; three implementations share one contract suite.
 
     Every method but `claim_next` takes the tenant and opens its session under it, so a
-    row of another tenant is never found, written or moved. Times written by a method
-    come from the storage's own clock (the database's, or the memory impl's), never from
-    the caller's; durations are seconds. A conditional write that finds the row changed
-    raises `Conflict`; one that finds no row of the tenant raises `NotFound`.
+    row of another tenant is never found, written or moved. Times come from the storage's
+    clock, never the caller's; durations are seconds. A conditional write that finds the
+    row changed raises `Conflict`; one that finds no row of the tenant raises `NotFound`.
 
     A row that does not validate as a `WorkItem` never stops the others: the methods that
     return many rows return `WorkRows`, whose `unreadable` lists such rows
@@ -363,14 +362,11 @@ class WorkStorageInterface(ABC):
 
         The rows in play are the undeleted `AVAILABLE` and `CLAIMED` ones and the dead
         letters whose audit entry is still owed: a `FAILED` group counts only those, and no
-        `COMPLETED` group is returned. The history the table keeps (completed rows for their
-        retention, dead letters until replayed or discarded) is never read, so the cost of a
-        call follows the queue's backlog, not its retention: on PostgreSQL each part is read
-        through its partial index (`ix_work_items_claimable`, `ix_work_items_claimed`,
-        `ix_work_items_audit_owed`). Each `AVAILABLE` group carries `oldest_available_age`:
-        seconds since its oldest row's `available_at`, on the storage's clock, never
-        negative. Every group carries `audit_owed`: its rows whose dead-letter audit entry
-        is still owed.
+        `COMPLETED` group is returned. The history is never read, so a call costs what the
+        backlog holds (on PostgreSQL, through the partial indexes). Each `AVAILABLE` group
+        carries `oldest_available_age`: seconds since its oldest row's `available_at`, on
+        the storage's clock, never negative. Every group carries `audit_owed`: its rows
+        whose dead-letter audit entry is still owed.
         """
 
     @abstractmethod

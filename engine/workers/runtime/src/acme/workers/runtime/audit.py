@@ -58,14 +58,10 @@ class GroupCommitAudit:
     group as one `append_many`. When a group's `append_many` raises, each of its calls is
     made once more on its own through `append`, concurrently, so each caller gets exactly
     the outcome its own call has (an `Invalid` naming its own field, say) and one refused
-    entry never fails another; the first such batch is logged as a warning with its
-    traceback (`fallbacks` counts them). A return that is not a list of one entry per call
-    fails each caller with a `RuntimeError` naming it, logged as an error, and repeats none.
-    A call whose caller was cancelled before its batch was sent is dropped; one already
-    sent is written or not with its batch, like an `append` cancelled mid-transaction.
-
-    Registered as a virtual subclass of the host's `AuditManagerInterface`, so that the
-    handlers see the interface they were written against (`container.as_audit_manager`).
+    entry never fails another (`fallbacks` counts such batches). A return that is not one
+    entry per call fails each caller with a `RuntimeError`, and repeats none.
+    A call cancelled before its batch was sent is dropped; one sent lands with its batch or
+    not at all. A virtual `AuditManagerInterface` (`container.as_audit_manager`).
     """
 
     def __init__(self, audit: AuditManagerInterface, batches: AuditBatchAppender) -> None:

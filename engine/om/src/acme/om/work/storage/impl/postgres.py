@@ -112,20 +112,14 @@ _OLDEST_SNAPSHOT = text(
 class PostgresWorkStorage(SqlWorkStorage):
     """`WorkStorageInterface` on PostgreSQL, under the table's row-level security policy.
 
-    Times come from `statement_timestamp()`: the database's clock at the start of the
-    statement that writes them, never the transaction's start nor the worker's clock,
-    so every lease and availability is measured on one clock (the template's
+    Times come from `statement_timestamp()`, the database's clock (the template's
     docs/guarantees.md, "7. The database clock decides").
 
-    `create_items` (every enqueue), `claim_next` and `complete_items`, the statements run
-    most, go through up to `held` connections the storage keeps checked out of the queue
-    role's pool while calls keep coming (`HeldConnections`, given back after `held_idle_s`
-    seconds unused), where the funnel exposes its engines; `held=0`, a funnel without
-    `engine`, or every held connection busy: a funnel session, as every other method opens.
-    On a held connection straight to the server each statement is its own transaction
-    (autocommit) under the tenant the connection's session is set to; through a proxy, or
-    with `session_scope=False`, each call is one transaction with the tenant set for it
-    alone (`HeldConnections`, docs/decisions/0022).
+    `create_items`, `claim_next` and `complete_items` run on up to `held` connections kept
+    out of the queue role's pool while calls come (`HeldConnections`, given back after
+    `held_idle_s` seconds unused); `held=0`, a funnel without `engine`, or every held
+    connection busy: a funnel session, as every other method opens (docs/decisions/0021,
+    0022).
     """
 
     backend: ClassVar[str] = "postgresql"
