@@ -54,6 +54,15 @@ ACTOR = UUID(int=7)
 WORKER_APP = AppContext(type=AppType.WORKER, version="work-tests@0")
 SERVICE_APP = AppContext(type=AppType.SERVICE, version="work-tests@0")
 
+LANE = "default"
+"""The lane the manager suites enqueue on and claim from."""
+
+LEASE_S = 30.0
+"""A lease no manager test outlives."""
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+"""A W3C trace context an enqueuer passes on."""
+
 
 class FakeClock:
     """A clock that moves only when told: the memory storage's database clock."""
@@ -81,6 +90,17 @@ class ProbePayload(BaseModel):
 def use_probe_payload(monkeypatch: pytest.MonkeyPatch) -> None:
     """Register `ProbePayload` as `KIND`'s payload for one test (undone after it)."""
     monkeypatch.setitem(WORK_PAYLOADS, KIND, ProbePayload)
+
+
+def payload() -> dict[str, object]:
+    """A fresh `ProbePayload` as the JSON object an enqueuer sends."""
+    return ProbePayload(record_id=uuid4()).model_dump(mode="json")
+
+
+def new_item(ctx: OpContext, **fields: object) -> WorkItem:
+    """A new item of `ctx`'s tenant on `LANE`, with `fields` set over `WorkItem.new`'s."""
+    item = WorkItem.new(org_id=ctx.org_id, kind=KIND, payload=payload(), lane=LANE)
+    return item.model_copy(update=fields)
 
 
 def make_item(
@@ -228,6 +248,13 @@ class WorkBench:
             if ctx.org_id == org_id:
                 return ctx
         raise LookupError(org_id)
+
+
+async def claim(bench: WorkBench, worker: str = "w1") -> tuple[OpContext, WorkItem]:
+    """One claim on `LANE` for `KIND` as a worker would make it; the item's context and row."""
+    claimed = await bench.work.claim(RequestContext.new(WORKER_APP), LANE, [KIND], worker, LEASE_S)
+    assert claimed is not None
+    return claimed
 
 
 def work_bench(

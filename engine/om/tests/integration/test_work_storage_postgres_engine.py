@@ -62,7 +62,7 @@ from acme.om.work.storage.impl import held_connections, postgres, postgres_state
 from acme.om.work.storage.impl.postgres import HELD_CONNECTIONS, PostgresWorkStorage
 from acme.om.work.storage.tables.work_items import work_items
 from acme.om.work.types.work_item import WorkStatus
-from contracts.work_storage import LEASE, PAST_SHORT, SHORT, WorkStorageContract
+from contracts.work_storage import LEASE_S, PAST_SHORT_S, SHORT_LEASE_S, WorkStorageContract
 
 pytestmark = pytest.mark.integration
 
@@ -284,7 +284,7 @@ async def test_a_session_on_a_connection_the_server_dropped_is_opened_once_more(
         assert found is not None
         assert found.id == created.id
         assert disconnects == [True]
-        claimed = await storage.claim_next(lane, [KIND], "w1", LEASE)
+        claimed = await storage.claim_next(lane, [KIND], "w1", LEASE_S)
         assert [item.id for item in claimed] == [created.id]
         assert disconnects == [True]
     finally:
@@ -322,10 +322,10 @@ async def test_a_held_connection_the_server_dropped_hands_its_call_to_a_funnel_s
     killer = await asyncpg.connect(asyncpg_dsn(pg_url))  # the same role may end its backends
     try:
         created = await storage.create_items(org, [make_item(org, lane) for _ in "ab"])
-        (first,) = await storage.claim_next(lane, [KIND], "w1", LEASE)
+        (first,) = await storage.claim_next(lane, [KIND], "w1", LEASE_S)
         (pid,) = _held_backend_pids(storage)
         await _terminate(killer, pid)
-        claimed = await storage.claim_next(lane, [KIND], "w1", LEASE)
+        claimed = await storage.claim_next(lane, [KIND], "w1", LEASE_S)
         (second,) = [c for c in created if c.id != first.id]
         assert [item.id for item in claimed] == [second.id]
         assert _held_backend_pids(storage) == []
@@ -377,7 +377,7 @@ async def test_a_first_statement_asyncpg_cannot_send_runs_in_a_funnel_session(
         (created,) = await storage.create_items(org, [item])
         monkeypatch.setattr(asyncpg.Connection, "fetch", refuse_once)
         refusing.append("cannot switch to state 12; another operation (2) is in progress")
-        (claimed,) = await storage.claim_next(lane, [KIND], "w1", LEASE)
+        (claimed,) = await storage.claim_next(lane, [KIND], "w1", LEASE_S)
         assert (claimed.id, claimed.attempts) == (created.id, 1)
         assert _held_backend_pids(storage) == []  # closed, not kept
         assert claimed.claim_token is not None
@@ -391,7 +391,7 @@ async def test_a_first_statement_asyncpg_cannot_send_runs_in_a_funnel_session(
         assert not refusing
         refusing.append("something else went wrong")
         with pytest.raises(asyncpg.InternalClientError):
-            await storage.claim_next(lane, [KIND], "w1", LEASE)
+            await storage.claim_next(lane, [KIND], "w1", LEASE_S)
     finally:
         await engine.dispose()
 
@@ -420,16 +420,16 @@ async def test_a_held_connection_whose_statement_the_server_refused_is_kept(
     alone: no transaction is left open), not replaced by a new session on every poll."""
     storage, org, role = one_held, uuid4(), make_url(pg_url).username
     (created,) = await storage.create_items(org, [make_item(org, lane)])
-    assert not await storage.claim_next(f"{lane}-idle", [KIND], "w1", LEASE)  # holds one
+    assert not await storage.claim_next(f"{lane}-idle", [KIND], "w1", LEASE_S)  # holds one
     (pid,) = _held_backend_pids(storage)
     await owner.execute(f'REVOKE UPDATE ON work_items FROM "{role}"')
     try:
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await storage.claim_next(lane, [KIND], "w1", LEASE)
+            await storage.claim_next(lane, [KIND], "w1", LEASE_S)
     finally:
         await owner.execute(f'GRANT UPDATE ON work_items TO "{role}"')
     assert _held_backend_pids(storage) == [pid]
-    claimed = await storage.claim_next(lane, [KIND], "w1", LEASE)
+    claimed = await storage.claim_next(lane, [KIND], "w1", LEASE_S)
     assert [item.id for item in claimed] == [created.id]
     assert claimed[0].attempts == 1  # the refused claim took nothing
     assert _held_backend_pids(storage) == [pid]
@@ -443,7 +443,7 @@ async def test_a_claim_on_a_held_connection_that_waits_past_its_lease_is_cancell
     statement ran alone, so nothing of it committed), and its held connection is kept."""
     storage, org = one_held, uuid4()
     (created,) = await storage.create_items(org, [make_item(org, lane)])
-    assert not await storage.claim_next(f"{lane}-idle", [KIND], "w1", LEASE)  # holds one
+    assert not await storage.claim_next(f"{lane}-idle", [KIND], "w1", LEASE_S)  # holds one
     (pid,) = _held_backend_pids(storage)
     lock = owner.transaction()
     await lock.start()
@@ -457,7 +457,7 @@ async def test_a_claim_on_a_held_connection_that_waits_past_its_lease_is_cancell
         await lock.rollback()
     assert 0.5 <= waited < 1.5
     assert _held_backend_pids(storage) == [pid]
-    claimed = await storage.claim_next(lane, [KIND], "w1", LEASE)
+    claimed = await storage.claim_next(lane, [KIND], "w1", LEASE_S)
     assert [item.id for item in claimed] == [created.id]
     assert claimed[0].attempts == 1  # the cancelled claim took nothing
     assert _held_backend_pids(storage) == [pid]
@@ -486,7 +486,7 @@ async def test_a_claim_on_a_held_connection_that_stops_answering_fails_and_is_cl
     runs on a fresh one."""
     storage, org = one_held, uuid4()
     (created,) = await storage.create_items(org, [make_item(org, lane)])
-    assert not await storage.claim_next(f"{lane}-idle", [KIND], "w1", LEASE)  # holds one
+    assert not await storage.claim_next(f"{lane}-idle", [KIND], "w1", LEASE_S)  # holds one
     (pid,) = _held_backend_pids(storage)
     monkeypatch.setattr(postgres, "CLAIM_TIMEOUT_GRACE_S", 0.3)
     scope_sql = held_connections._scope_sql
@@ -503,7 +503,7 @@ async def test_a_claim_on_a_held_connection_that_stops_answering_fails_and_is_cl
     assert 0.8 <= waited < 2.0
     assert _held_backend_pids(storage) == []
     monkeypatch.undo()
-    claimed = await storage.claim_next(lane, [KIND], "w1", LEASE)
+    claimed = await storage.claim_next(lane, [KIND], "w1", LEASE_S)
     assert [item.id for item in claimed] == [created.id]
     assert _held_backend_pids(storage) not in ([], [pid])
 
@@ -664,7 +664,7 @@ async def test_a_held_connection_unused_for_its_idle_time_goes_back_to_the_pool(
         assert pool.checkedout() == 0
         assert _held_backend_pids(storage) == []
         assert pool.checkedin() == 1  # given back, not closed
-        await storage.claim_next(lane, [KIND], "w1", LEASE)
+        await storage.claim_next(lane, [KIND], "w1", LEASE_S)
         assert len(_held_backend_pids(storage)) == 1
     finally:
         await engine.dispose()
@@ -714,7 +714,7 @@ async def test_a_held_connection_runs_under_its_calls_tenant_and_goes_back_witho
         await storage.create_items(first, [make_item(first, lane)])
         (pid,) = _held_backend_pids(storage)
         await storage.create_items(second, [make_item(second, lane)])
-        claimed = await storage.claim_next(lane, [KIND], "w1", LEASE, limit=5)
+        claimed = await storage.claim_next(lane, [KIND], "w1", LEASE_S, limit=5)
         assert sorted(str(i.org_id) for i in claimed) == sorted(map(str, (first, second)))
         for item in claimed:
             assert item.claim_token is not None
@@ -765,7 +765,7 @@ async def test_a_held_connection_through_a_pooler_sets_the_tenant_for_each_call_
         (pooled,) = storage._connections._idle
         assert not pooled.direct
         assert await pooled.raw.fetchval(scope) in ("", None)
-        claimed = await storage.claim_next(lane, [KIND], "w1", LEASE, limit=10)
+        claimed = await storage.claim_next(lane, [KIND], "w1", LEASE_S, limit=10)
         assert created.id in {item.id for item in claimed}
         assert await pooled.raw.fetchval(scope) in ("", None)
         assert await pooled.raw.fetchval("SHOW statement_timeout") == "0"
@@ -823,7 +823,7 @@ async def test_a_nul_character_is_refused_at_enqueue_and_made_storable_in_an_err
         await bench.work.enqueue(ctx, nul)
     assert await bench.work.list_items(ctx) == []
     await bench.work.enqueue(ctx, make_item(ctx.org_id, lane))
-    claimed = await bench.work.claim(RequestContext.new(WORKER_APP), lane, [KIND], "w1", LEASE)
+    claimed = await bench.work.claim(RequestContext.new(WORKER_APP), lane, [KIND], "w1", LEASE_S)
     assert claimed is not None
     failed = await bench.work.fail(*claimed, "ValueError: bad\x00byte \ud800")
     stored = (await bench.work.get(ctx, failed.id)).last_error
@@ -838,12 +838,14 @@ async def test_oban_532_a_stale_failure_cannot_revive_a_dead_item(
     changes nothing and the item stays dead."""
     ctx = await bench.member()
     item = await bench.work.enqueue(ctx, make_item(ctx.org_id, lane, max_attempts=2))
-    claimed_a = await bench.work.claim(RequestContext.new(WORKER_APP), lane, [KIND], "a", SHORT)
+    claimed_a = await bench.work.claim(
+        RequestContext.new(WORKER_APP), lane, [KIND], "a", SHORT_LEASE_S
+    )
     assert claimed_a is not None
     a_ctx, a_item = claimed_a
-    await asyncio.sleep(PAST_SHORT)
+    await asyncio.sleep(PAST_SHORT_S)
     assert await bench.work.requeue_stale(await bench.service(ctx.org_id)) == 1
-    claimed_b = await bench.work.claim(RequestContext.new(WORKER_APP), lane, [KIND], "b", LEASE)
+    claimed_b = await bench.work.claim(RequestContext.new(WORKER_APP), lane, [KIND], "b", LEASE_S)
     assert claimed_b is not None
     b_ctx, b_item = claimed_b
     assert b_item.attempts == 2
@@ -855,7 +857,9 @@ async def test_oban_532_a_stale_failure_cannot_revive_a_dead_item(
 
     row = await bench.work.get(ctx, item.id)
     assert (row.status, row.attempts, row.last_error) == (WorkStatus.FAILED, 2, "b failed")
-    assert await bench.work.claim(RequestContext.new(WORKER_APP), lane, [KIND], "c", LEASE) is None
+    assert (
+        await bench.work.claim(RequestContext.new(WORKER_APP), lane, [KIND], "c", LEASE_S) is None
+    )
 
 
 async def _wait_until_blocked_on_a_lock(funnel: StorageFunnel) -> None:
@@ -881,7 +885,7 @@ async def test_river_1302_a_sweep_paused_after_its_read_leaves_a_completion_alon
     storage = PostgresWorkStorage(pg_funnel)
     org = uuid4()
     await storage.create_item(org, make_item(org, lane))
-    (claimed,) = await storage.claim_next(lane, [KIND], "w1", LEASE)
+    (claimed,) = await storage.claim_next(lane, [KIND], "w1", LEASE_S)
     assert claimed.lease_expires_at is not None
     before = claimed.lease_expires_at + timedelta(seconds=60)
 
@@ -937,13 +941,13 @@ async def test_oban_137_a_crash_on_the_last_attempt_runs_once_then_dead_letters(
 
     runs: list[str] = []
     for _ in range(2):
-        code, ran = await _run_crasher(pg_url, lane, SHORT)
+        code, ran = await _run_crasher(pg_url, lane, SHORT_LEASE_S)
         runs += ran
         if ran:
             assert code == 1
-    await asyncio.sleep(PAST_SHORT)
+    await asyncio.sleep(PAST_SHORT_S)
     assert await bench.work.requeue_stale(await bench.service(ctx.org_id)) == 1
-    code, ran = await _run_crasher(pg_url, lane, SHORT)
+    code, ran = await _run_crasher(pg_url, lane, SHORT_LEASE_S)
     runs += ran
 
     assert (code, runs) == (0, [str(item.id)])
@@ -986,7 +990,7 @@ async def test_one_unreadable_row_between_good_ones_never_stops_the_lane(
     await bench.work.queue_stats(rctx)  # the gauge counts every tenant of the database
     owed_before = bench.count("work_dead_letters_unaudited", kind=KIND.value)
 
-    claimed = await bench.work.claim_many(rctx, lane, [KIND], "w1", lease=LEASE, limit=10)
+    claimed = await bench.work.claim_many(rctx, lane, [KIND], "w1", lease=LEASE_S, limit=10)
 
     assert {item.id for _, item in claimed} == good
     assert await bench.work.complete_many(claimed) == good
@@ -998,7 +1002,7 @@ async def test_one_unreadable_row_between_good_ones_never_stops_the_lane(
     assert dead.values["last_error"] == f"unreadable row: {dead.problem}"
     assert dead.values["claim_token"] is None
     assert bench.count("work_dead_letters_total", kind=KIND.value, reason="unreadable") == 1
-    assert await bench.work.claim_many(rctx, lane, [KIND], "w2", lease=LEASE, limit=10) == []
+    assert await bench.work.claim_many(rctx, lane, [KIND], "w2", lease=LEASE_S, limit=10) == []
 
     await bench.work.queue_stats(rctx)
     assert bench.count("work_dead_letters_unaudited", kind=KIND.value) == owed_before + 1

@@ -14,10 +14,15 @@ from uuid import uuid4
 import pytest
 from work_fixtures import (
     KIND,
+    LANE,
+    LEASE_S,
+    TRACEPARENT,
     WORKER_APP,
     FakeClock,
-    ProbePayload,
     WorkBench,
+    claim,
+    new_item,
+    payload,
     use_probe_payload,
     work_bench,
 )
@@ -30,13 +35,8 @@ from acme.om.storage.impl.memory import MemoryStorageRoot
 from acme.om.types import EMPTY_UUID
 from acme.om.work.storage.impl.memory import MemoryWorkStorage
 from acme.om.work.types.work_item import (
-    WorkItem,
     WorkStatus,
 )
-
-LANE = "default"
-LEASE = 30.0
-TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 @pytest.fixture
@@ -53,21 +53,6 @@ def bench(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> WorkBench:
 @pytest.fixture
 async def ctx(bench: WorkBench) -> OpContext:
     return await bench.member()
-
-
-def payload() -> dict[str, object]:
-    return ProbePayload(record_id=uuid4()).model_dump(mode="json")
-
-
-def new_item(ctx: OpContext, **fields: object) -> WorkItem:
-    item = WorkItem.new(org_id=ctx.org_id, kind=KIND, payload=payload(), lane=LANE)
-    return item.model_copy(update=fields)
-
-
-async def claim(bench: WorkBench, worker: str = "w1") -> tuple[OpContext, WorkItem]:
-    claimed = await bench.work.claim(RequestContext.new(WORKER_APP), LANE, [KIND], worker, LEASE)
-    assert claimed is not None
-    return claimed
 
 
 # -- enqueue -----------------------------------------------------------------------------------
@@ -170,7 +155,7 @@ async def test_claim_returns_the_enqueuers_context_caused_by_the_items_request(
 ) -> None:
     item = await bench.work.enqueue(ctx, new_item(ctx))
     rctx = RequestContext.new(WORKER_APP)
-    claimed = await bench.work.claim(rctx, LANE, [KIND], "w1", LEASE)
+    claimed = await bench.work.claim(rctx, LANE, [KIND], "w1", LEASE_S)
     assert claimed is not None
     work_ctx, held = claimed
     assert work_ctx.request is rctx
@@ -212,6 +197,8 @@ async def test_defer_gives_the_attempt_back_and_delays_the_item(
         EMPTY_UUID,
     )
     assert later.available_at == clock.now + timedelta(seconds=60)
-    assert await bench.work.claim(RequestContext.new(WORKER_APP), LANE, [KIND], "w", LEASE) is None
+    assert (
+        await bench.work.claim(RequestContext.new(WORKER_APP), LANE, [KIND], "w", LEASE_S) is None
+    )
     clock.advance(61)
     assert (await claim(bench))[1].id == held.id

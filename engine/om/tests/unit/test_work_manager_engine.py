@@ -20,10 +20,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 from work_fixtures import (
     KIND,
+    LANE,
+    LEASE_S,
+    TRACEPARENT,
     WORKER_APP,
     FakeClock,
     ProbePayload,
     WorkBench,
+    claim,
+    new_item,
+    payload,
     stored_row,
     use_probe_payload,
     work_bench,
@@ -50,10 +56,6 @@ from acme.om.work.types.work_item import (
     WorkStatus,
 )
 
-LANE = "default"
-LEASE = 30.0
-TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
 
 @pytest.fixture
 def clock() -> FakeClock:
@@ -69,21 +71,6 @@ def bench(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> WorkBench:
 @pytest.fixture
 async def ctx(bench: WorkBench) -> OpContext:
     return await bench.member()
-
-
-def payload() -> dict[str, object]:
-    return ProbePayload(record_id=uuid4()).model_dump(mode="json")
-
-
-def new_item(ctx: OpContext, **fields: object) -> WorkItem:
-    item = WorkItem.new(org_id=ctx.org_id, kind=KIND, payload=payload(), lane=LANE)
-    return item.model_copy(update=fields)
-
-
-async def claim(bench: WorkBench, worker: str = "w1") -> tuple[OpContext, WorkItem]:
-    claimed = await bench.work.claim(RequestContext.new(WORKER_APP), LANE, [KIND], worker, LEASE)
-    assert claimed is not None
-    return claimed
 
 
 # -- enqueue -----------------------------------------------------------------------------------
@@ -384,13 +371,15 @@ async def test_enqueue_relayed_refuses_an_unknown_kind_and_another_tenant(
 
 
 async def test_claim_finds_nothing_on_an_empty_lane(bench: WorkBench) -> None:
-    assert await bench.work.claim(RequestContext.new(WORKER_APP), LANE, [KIND], "w1", LEASE) is None
+    assert (
+        await bench.work.claim(RequestContext.new(WORKER_APP), LANE, [KIND], "w1", LEASE_S) is None
+    )
 
 
 async def test_claim_many_fills_the_free_slots(bench: WorkBench, ctx: OpContext) -> None:
     await bench.work.enqueue_many(ctx, [new_item(ctx) for _ in range(3)])
     rctx = RequestContext.new(WORKER_APP)
-    claimed = await bench.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE, limit=2)
+    claimed = await bench.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE_S, limit=2)
     assert len(claimed) == 2
     assert bench.count("work_items_claimed_total", kind=KIND.value) == 2
 
@@ -417,7 +406,7 @@ async def test_claim_many_asks_the_tenancy_manager_once_per_enqueue_request(
 
     monkeypatch.setattr(tenancy, "service_context", service_context)
     claimed = await bench.work.claim_many(
-        RequestContext.new(WORKER_APP), LANE, [KIND], "w1", lease=LEASE, limit=5
+        RequestContext.new(WORKER_APP), LANE, [KIND], "w1", lease=LEASE_S, limit=5
     )
 
     assert sorted(map(str, asked)) == sorted(
@@ -451,7 +440,7 @@ async def test_a_claim_whose_contexts_cannot_be_built_hands_the_batch_back(
     monkeypatch.setattr(tenancy, "service_context", service_context)
     with pytest.raises(ConnectionError):
         await bench.work.claim_many(
-            RequestContext.new(WORKER_APP), LANE, [KIND], "w1", lease=LEASE, limit=3
+            RequestContext.new(WORKER_APP), LANE, [KIND], "w1", lease=LEASE_S, limit=3
         )
 
     items = await bench.work.list_items(ctx) + await bench.work.list_items(other)
@@ -494,7 +483,7 @@ class _Recorder:
     async def claim(self, bench: WorkBench, limit: int = 1) -> list[tuple[OpContext, WorkItem]]:
         self.events.clear()
         rctx = RequestContext.new(WORKER_APP)
-        return await bench.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE, limit=limit)
+        return await bench.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE_S, limit=limit)
 
 
 async def test_while_batches_repeat_a_context_it_is_asked_for_beside_the_claim(
@@ -676,12 +665,12 @@ async def test_a_backlog_of_a_gone_tenant_does_not_pass_for_an_empty_lane(
     live = await orphaned.member()
     await orphaned.work.enqueue(live, new_item(live))
     rctx = RequestContext.new(WORKER_APP)
-    pairs = await orphaned.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE, limit=2)
+    pairs = await orphaned.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE_S, limit=2)
     assert [(c.org_id, i.org_id) for c, i in pairs] == [(live.org_id, live.org_id)]
     rows = await storage.list_items(ctx.org_id)
     assert [(r.status, r.last_error) for r in rows] == [(WorkStatus.FAILED, "tenant is gone")] * 5
     assert orphaned.count("work_dead_letters_total", kind=KIND.value, reason="tenant") == 5
-    assert await orphaned.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE, limit=2) == []
+    assert await orphaned.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE_S, limit=2) == []
 
 
 async def test_a_claim_after_dead_letters_that_fails_still_hands_out_what_it_claimed(
@@ -706,11 +695,11 @@ async def test_a_claim_after_dead_letters_that_fails_still_hands_out_what_it_cla
 
     monkeypatch.setattr(storage, "claim_next", second_fails)
     rctx = RequestContext.new(WORKER_APP)
-    pairs = await orphaned.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE, limit=2)
+    pairs = await orphaned.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE_S, limit=2)
     assert calls == [2, 1]
     assert [i.org_id for _, i in pairs] == [live.org_id]
     with pytest.raises(ConnectionError):  # a first claim that fails still raises
-        await orphaned.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE, limit=2)
+        await orphaned.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE_S, limit=2)
 
 
 async def test_an_early_ask_that_fails_is_asked_again_after_the_claim(
@@ -763,7 +752,7 @@ async def test_the_contexts_of_a_batch_are_asked_for_at_the_same_time(
 
     monkeypatch.setattr(tenancy, "service_context", service_context)
     claimed = await bench.work.claim_many(
-        RequestContext.new(WORKER_APP), LANE, [KIND], "w1", lease=LEASE, limit=3
+        RequestContext.new(WORKER_APP), LANE, [KIND], "w1", lease=LEASE_S, limit=3
     )
     assert events == ["start"] * 3 + ["end"] * 3
     causes = {item.id: c.caused_by_request_id for c, item in claimed}
@@ -777,7 +766,7 @@ async def test_complete_many_completes_held_items_and_counts_the_refused(
 ) -> None:
     await bench.work.enqueue_many(ctx, [new_item(ctx) for _ in range(3)])
     pairs = await bench.work.claim_many(
-        RequestContext.new(WORKER_APP), LANE, [KIND], "w1", lease=LEASE, limit=3
+        RequestContext.new(WORKER_APP), LANE, [KIND], "w1", lease=LEASE_S, limit=3
     )
     (_, a), (ctx_b, b), (_, c) = pairs
     await bench.work.release(ctx_b, b, note="handed back")
@@ -808,8 +797,8 @@ async def test_extend_lease_renews_under_the_same_token(
     await bench.work.enqueue(ctx, new_item(ctx))
     work_ctx, held = await claim(bench)
     clock.advance(20)
-    renewed = await bench.work.extend_lease(work_ctx, held, LEASE)
-    assert renewed.lease_expires_at == clock.now + timedelta(seconds=LEASE)
+    renewed = await bench.work.extend_lease(work_ctx, held, LEASE_S)
+    assert renewed.lease_expires_at == clock.now + timedelta(seconds=LEASE_S)
     assert renewed.claim_token == held.claim_token
     assert renewed.updated_by == EMPTY_UUID
     clock.advance(20)
@@ -844,7 +833,9 @@ async def test_a_failure_at_max_attempts_is_a_dead_letter(bench: WorkBench, ctx:
     assert [(e.action, e.actor_id) for e in entries] == [("work.dead_lettered", ctx.user_id)]
     assert entries[0].detail["reason"] == "attempts"
     assert bench.count("work_dead_letters_total", kind=KIND.value, reason="attempts") == 1
-    assert await bench.work.claim(RequestContext.new(WORKER_APP), LANE, [KIND], "w", LEASE) is None
+    assert (
+        await bench.work.claim(RequestContext.new(WORKER_APP), LANE, [KIND], "w", LEASE_S) is None
+    )
 
 
 async def test_every_holder_write_with_a_stale_token_is_refused(
@@ -852,7 +843,7 @@ async def test_every_holder_write_with_a_stale_token_is_refused(
 ) -> None:
     await bench.work.enqueue(ctx, new_item(ctx))
     work_ctx, held = await claim(bench)
-    clock.advance(LEASE + 1)
+    clock.advance(LEASE_S + 1)
     assert await bench.work.requeue_stale(await bench.service(ctx.org_id)) == 1
     _, current = await claim(bench, worker="w2")
     for write in (
@@ -860,7 +851,7 @@ async def test_every_holder_write_with_a_stale_token_is_refused(
         bench.work.fail(work_ctx, held, "late"),
         bench.work.defer(work_ctx, held, 1),
         bench.work.release(work_ctx, held),
-        bench.work.extend_lease(work_ctx, held, LEASE),
+        bench.work.extend_lease(work_ctx, held, LEASE_S),
     ):
         with pytest.raises(Conflict):
             await write
@@ -896,9 +887,9 @@ async def test_requeue_stale_requeues_and_dead_letters_with_an_audit_entry(
     spare = await bench.work.enqueue(ctx, new_item(ctx, max_attempts=2))
     last = await bench.work.enqueue(ctx, new_item(ctx, max_attempts=1))
     await bench.work.claim_many(
-        RequestContext.new(WORKER_APP), LANE, [KIND], "w1", lease=LEASE, limit=2
+        RequestContext.new(WORKER_APP), LANE, [KIND], "w1", lease=LEASE_S, limit=2
     )
-    clock.advance(LEASE + 1)
+    clock.advance(LEASE_S + 1)
     sweep_ctx = await bench.service(ctx.org_id)
     assert await bench.work.requeue_stale(sweep_ctx) == 2
     assert (await bench.work.get(ctx, spare.id)).status is WorkStatus.AVAILABLE
@@ -916,7 +907,7 @@ async def test_a_claimed_item_whose_tenant_is_gone_is_dead_lettered(
     orphaned = work_bench(MemoryStorageRoot(), Infra.memory(), storage)
     await storage.create_item(ctx.org_id, new_item(ctx))
     rctx = RequestContext.new(WORKER_APP)
-    assert await orphaned.work.claim(rctx, LANE, [KIND], "w1", LEASE) is None
+    assert await orphaned.work.claim(rctx, LANE, [KIND], "w1", LEASE_S) is None
     (row,) = await storage.list_items(ctx.org_id)
     assert (row.status, row.last_error) == (WorkStatus.FAILED, "tenant is gone")
     assert orphaned.count("work_dead_letters_total", kind=KIND.value, reason="tenant") == 1
@@ -1137,7 +1128,7 @@ async def test_a_lease_dead_letter_whose_audit_write_failed_still_moves_and_coun
 ) -> None:
     item = await bench.work.enqueue(ctx, new_item(ctx, max_attempts=1))
     await claim(bench)
-    clock.advance(LEASE + 1)
+    clock.advance(LEASE_S + 1)
     monkeypatch.setattr(bench.managers.audit, "append", fail_once(bench.managers.audit.append))
     sweep = await bench.service(ctx.org_id)
 
@@ -1212,7 +1203,7 @@ async def test_without_an_idempotency_key_the_entry_is_found_by_its_claim_token(
         metrics=WorkMetrics(CollectorRegistry()),
     )
     item = await work.enqueue(ctx, new_item(ctx, max_attempts=1))
-    claimed = await work.claim(RequestContext.new(WORKER_APP), LANE, [KIND], "w1", LEASE)
+    claimed = await work.claim(RequestContext.new(WORKER_APP), LANE, [KIND], "w1", LEASE_S)
     assert claimed is not None
     monkeypatch.setattr(storage, "settle_audit", fail_once(storage.settle_audit))
     await work.fail(*claimed, "boom")
@@ -1250,7 +1241,7 @@ async def test_a_row_that_cannot_be_read_never_stops_the_claim_and_is_audited_by
     )
     rctx = RequestContext.new(WORKER_APP)
 
-    claimed = await bench.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE, limit=10)
+    claimed = await bench.work.claim_many(rctx, LANE, [KIND], "w1", lease=LEASE_S, limit=10)
 
     assert [item.id for _, item in claimed] == [good.id]
     assert bench.count("work_dead_letters_total", kind=KIND.value, reason="unreadable") == 1

@@ -212,7 +212,7 @@ async def test_claims_that_keep_failing_are_counted_and_fail_healthz_until_one_s
     handler = GateHandler()
     handler.gate.set()
     loop = make_loop(handlers={PROBE_KIND: handler})  # poll 0.05 s: unhealthy after 0.15 s
-    assert loop.state.claim_failure_limit == pytest.approx(0.15)
+    assert loop.state.claim_failure_limit_s == pytest.approx(0.15)
 
     def reason() -> str | None:
         return loop.state.unhealthy_reason
@@ -274,7 +274,7 @@ async def test_a_stop_during_a_claim_stuck_in_the_database_drains_within_the_dea
 
 
 def test_healthz_fails_only_once_claims_have_failed_for_the_limit() -> None:
-    state = LoopState(heartbeat_failure_limit=3, claim_failure_limit=6.0)
+    state = LoopState(heartbeat_failure_limit=3, claim_failure_limit_s=6.0)
     assert state.healthy
     state.claim_failures = 3
     state.claims_failing_since = time.monotonic() - 5.0

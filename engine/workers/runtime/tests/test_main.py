@@ -475,7 +475,7 @@ async def test_the_metrics_port_answers_metrics_and_healthz_and_nothing_else() -
 
 
 async def test_healthz_answers_503_with_the_reason_once_every_claim_failed_for_the_limit() -> None:
-    state = LoopState(heartbeat_failure_limit=3, claim_failure_limit=6.0)
+    state = LoopState(heartbeat_failure_limit=3, claim_failure_limit_s=6.0)
     app = create_app(state, CollectorRegistry())
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:

@@ -52,8 +52,8 @@ pytestmark = pytest.mark.integration
 
 PREFIX = ProbeSettings.env_prefix()
 ROOT = "ACME_"
-LEASE = 1.5
-SWEEP = 1.0
+LEASE_S = 1.5
+SWEEP_INTERVAL_S = 1.0
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 ADMIN_URL = os.environ.get(f"{ROOT}TEST_ADMIN_URL", DEFAULT_ADMIN_URL)
 
@@ -152,8 +152,8 @@ def worker_env(pg_url: str, redis_url: str) -> dict[str, str]:
         f"{ROOT}DATABASE_URL": pg_url,
         f"{ROOT}REDIS_URL": redis_url,
         f"{ROOT}REDIS_PREFIX": f"worker-test-{secrets.token_hex(4)}:",
-        f"{PREFIX}LEASE": str(LEASE),
-        f"{PREFIX}SWEEP_INTERVAL": str(SWEEP),
+        f"{PREFIX}LEASE": str(LEASE_S),
+        f"{PREFIX}SWEEP_INTERVAL": str(SWEEP_INTERVAL_S),
         f"{PREFIX}HEARTBEAT_INTERVAL": "0.2",
         f"{PREFIX}HEARTBEAT_FAILURE_LIMIT": "2",
         f"{PREFIX}POLL_INTERVAL": "0.2",
@@ -259,8 +259,10 @@ async def test_sigkill_leaves_the_item_claimable_within_a_lease_and_a_sweep_and_
     async def completed() -> bool:
         return await _status_is(queue, tenant, item.id, WorkStatus.COMPLETED)
 
-    took = await eventually(completed, LEASE + SWEEP + 3.0, "completion", first, second)
-    assert took <= LEASE + SWEEP + 1.0, f"claimable only after {took:.1f} s"
+    took = await eventually(
+        completed, LEASE_S + SWEEP_INTERVAL_S + 3.0, "completion", first, second
+    )
+    assert took <= LEASE_S + SWEEP_INTERVAL_S + 1.0, f"claimable only after {took:.1f} s"
     done = await _item(queue, tenant, item.id)
     assert done.attempts == 2
     assert first.script_lines("done", item.id) == 1  # one script, both processes
@@ -270,12 +272,12 @@ async def test_a_handler_running_three_leases_long_completes_once(
     queue: RuntimeContainer, tenant: OpContext, workers: Callable[..., WorkerProcess]
 ) -> None:
     (item,) = await _enqueue(queue, tenant)
-    worker = workers(WORKER_TEST_SECONDS=str(3 * LEASE))
+    worker = workers(WORKER_TEST_SECONDS=str(3 * LEASE_S))
 
     async def completed() -> bool:
         return await _status_is(queue, tenant, item.id, WorkStatus.COMPLETED)
 
-    await eventually(completed, 3 * LEASE + 15.0, "completion", worker)
+    await eventually(completed, 3 * LEASE_S + 15.0, "completion", worker)
     done = await _item(queue, tenant, item.id)
     assert done.attempts == 1
     assert worker.script_lines("start", item.id) == 1

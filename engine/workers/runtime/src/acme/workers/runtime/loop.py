@@ -117,7 +117,7 @@ class WorkerLoop:
         self.metrics = metrics
         self.state = state or LoopState(
             heartbeat_failure_limit=settings.heartbeat_failure_limit,
-            claim_failure_limit=settings.claim_failure_limit,
+            claim_failure_limit_s=settings.claim_failure_limit_s,
         )
         self.sweep = sweep
         self.wake_ups = wake_ups

@@ -46,7 +46,7 @@ def create_app(state: LoopState, registry: CollectorRegistry, title: str = "work
     `/healthz` reads the loop's state and does no I/O of its own (The Network Layer, The
     Gateway): 200 while the heartbeat holds and claims succeed, 503 with the reason in
     its body once the beats failed their limit or every claim has failed for
-    `claim_failure_limit` seconds (`LoopState.unhealthy_reason`). Every
+    `claim_failure_limit_s` seconds (`LoopState.unhealthy_reason`). Every
     other path is 404 (no docs, no schema, no redirect from `/metrics/`), and every other
     method on these two is 405.
     """

@@ -355,7 +355,7 @@ class RuntimeSettings(BaseSettings):
         return self.lease / 5
 
     @property
-    def claim_failure_limit(self) -> Seconds:
+    def claim_failure_limit_s(self) -> Seconds:
         """Seconds every claim may fail in a row before `/healthz` answers 503: three poll
         intervals, so at least three retries (one per poll interval) have failed as well."""
         return 3 * self.poll_interval

@@ -72,7 +72,7 @@ def log_item(
 class LoopState:
     """The loop's own bookkeeping; `/healthz` reads it without any I/O of its own.
 
-    `claim_failure_limit` is in seconds; `claims_failing_since` is the `time.monotonic()`
+    `claim_failure_limit_s` is in seconds; `claims_failing_since` is the `time.monotonic()`
     of the first of the claims that have failed in a row (None once one succeeds), and
     `claim_failures` how many those are. `wake_ups_up` is true while the loop holds its
     wake-up subscription. `database_down_since` is the `time.monotonic()` of the first
@@ -82,7 +82,7 @@ class LoopState:
     """
 
     heartbeat_failure_limit: int
-    claim_failure_limit: float = math.inf
+    claim_failure_limit_s: float = math.inf
     heartbeat_failures: int = 0
     beats: int = 0
     draining: bool = False
@@ -112,11 +112,11 @@ class LoopState:
     @property
     def unhealthy_reason(self) -> str | None:
         """Why `/healthz` answers 503, or None while it answers 200: the beats past their
-        failure limit, or every claim failing for `claim_failure_limit` seconds or more."""
+        failure limit, or every claim failing for `claim_failure_limit_s` seconds or more."""
         if self.claiming_paused:
             return f"heartbeat failed {self.heartbeat_failures} times in a row: claiming paused"
         failing = self.claims_failing_s()
-        if failing >= self.claim_failure_limit:
+        if failing >= self.claim_failure_limit_s:
             if self.claims_failing_since is None:
                 return f"the claim in progress has not returned for {failing:.1f} s"
             return f"every claim failed for {failing:.1f} s ({self.claim_failures} in a row)"

@@ -125,7 +125,7 @@ def wire_loop(
     kinds = list(kinds) if kinds is not None else list(handlers)
     state = LoopState(
         heartbeat_failure_limit=settings.heartbeat_failure_limit,
-        claim_failure_limit=settings.claim_failure_limit,
+        claim_failure_limit_s=settings.claim_failure_limit_s,
     )
     signal = ClaimSignal()
     outage = DatabaseOutage(settings, state)

@@ -67,11 +67,11 @@ from acme.om.work.types.work_item import (
 
 t = work_items
 
-# A wake-up connection silent this long is probed with `SELECT 1` (s), and counts as lost
-# when the probe takes longer than `_PROBE_WITHIN` (s): a half-open connection never
+# A wake-up connection silent this long is probed with `SELECT 1`, and counts as lost
+# when the probe takes longer than `_PROBE_WITHIN_S`: a half-open connection never
 # reports its own loss.
-_PROBE_AFTER = 2.0
-_PROBE_WITHIN = 2.0
+_PROBE_AFTER_S = 2.0
+_PROBE_WITHIN_S = 2.0
 
 # Connections the storage holds at most for its busiest statements: the enqueue, the claim
 # and the completions (two: in a worker a claim and a completion flush run at the same
@@ -357,16 +357,16 @@ async def _listen(engine: AsyncEngine) -> AsyncIterator[AsyncIterator[tuple[str,
     async def received(raw: asyncpg.Connection) -> AsyncIterator[tuple[str, str]]:
         while True:
             try:
-                async with asyncio.timeout(_PROBE_AFTER):
+                async with asyncio.timeout(_PROBE_AFTER_S):
                     note = await notes.get()
             except TimeoutError:
                 try:
-                    async with asyncio.timeout(_PROBE_WITHIN):
+                    async with asyncio.timeout(_PROBE_WITHIN_S):
                         await raw.execute("SELECT 1")
                 except TimeoutError:
                     raw.terminate()  # closed at once: nothing more is sent on it
                     raise ConnectionError(
-                        f"the wake-up connection did not answer within {_PROBE_WITHIN} s"
+                        f"the wake-up connection did not answer within {_PROBE_WITHIN_S} s"
                     ) from None
                 continue
             if note is None:
