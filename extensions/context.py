@@ -571,7 +571,7 @@ class ContextUpdater(ContextHook):
             if problems:
                 raise UserMessageError("; ".join(problems))
         context["_host"] = hostfacts.discover_host(checked)
-        context["_preflight"] = lambda: preflight(context)
+        context["_preflight"] = lambda: preflight_once(context)
         context["_required"] = lambda question: required(context, question)
         context["_launch_plan"] = lambda: launch_plan(context)
 
@@ -622,7 +622,26 @@ def required(context: dict[str, Any], question: str) -> str:
     return ""
 
 
-_PREFLIGHT_PASSED: set[str] = set()
+_PREFLIGHT_PASSED: dict[str, str] = {}
+
+
+def preflight_once(context: dict[str, Any]) -> str:
+    """`preflight`, once per copier run for the same destination and answers: copier.yml
+    calls it from two defaults and the hook from every render until the answers are in."""
+    key = repr(
+        (
+            str(target(context)),
+            sorted(dict(_conf(context, "data") or {}).items()),
+            str(context.get("_copier_phase", "prompt")),
+            [context.get(name) for name in ("worker_name", "work_kind", "lane", "maintenance")],
+            context.get("host_root"),
+        )
+    )
+    if key not in _PREFLIGHT_PASSED:
+        _PREFLIGHT_PASSED[key] = preflight(context)
+    return _PREFLIGHT_PASSED[key]
+
+
 FIXED = ("host_root", "namespace_absent", "migration_stamp", "metrics_port", "queue_down_revision")
 
 
@@ -656,23 +675,38 @@ RENAME_ENV = "WORKER_TEMPLATE_RENAME"
 
 
 _CHECKING: list[bool] = [False]  # True while the hook checks the answers (see below)
+_ANSWER_PROBLEMS: dict[str, list[str]] = {}
 
 
 def _checked_once(context: dict[str, Any], dst: Path) -> list[str]:
-    """`given_answer_problems`, but not again inside itself.
+    """`given_answer_problems`, once per copier run for the same answers and destination.
 
-    Reading `_copier_conf.answers_file` renders the answers file's name, and that render
-    runs this hook again: the nested run would check the same answers in the same host
-    while the outer one is still at it (about a third of a copy's time, measured). The
-    nested render still gets every derived name; only the repeated check is skipped.
+    The hook runs on every render (about 1,800 in a copy), and reading
+    `_copier_conf.answers_file` renders that name, which runs the hook again: the nested
+    run skips the check, and a later render with the same answers reuses its result. A run
+    loads this module afresh (copier-template-extensions imports it from the run's clone).
     """
     if _CHECKING[0]:
         return []
+    given = dict(_conf(context, "data") or {})
+    key = repr(
+        (
+            str(dst),
+            sorted(given.items()),
+            copier_operation(),
+            os.environ.get(RENAME_ENV),
+            [context.get(name) for name in ("worker_name", "work_kind", "lane", "maintenance")],
+        )
+    )
+    if key in _ANSWER_PROBLEMS:
+        return _ANSWER_PROBLEMS[key]
     _CHECKING[0] = True
     try:
-        return given_answer_problems(context, dst)
+        problems = given_answer_problems(context, dst)
     finally:
         _CHECKING[0] = False
+    _ANSWER_PROBLEMS[key] = problems
+    return problems
 
 
 def given_answer_problems(context: dict[str, Any], dst: Path) -> list[str]:
@@ -726,11 +760,8 @@ def given_answer_problems(context: dict[str, Any], dst: Path) -> list[str]:
     # copier asks in turn; lane has a default, so the check need not wait for it
     answered = context.get("worker_name") and context.get("work_kind")
     if recorded is None and "host_root" in given and "namespace_absent" in given and answered:
-        key = repr((str(dst), sorted(given.items()), context.get("maintenance")))
-        if key not in _PREFLIGHT_PASSED:  # the hook runs on every render: once is enough
-            lane = context.get("lane") or given.get("lane") or "default"
-            preflight({**context, "lane": lane})  # both defaults that run it are given
-            _PREFLIGHT_PASSED.add(key)
+        lane = context.get("lane") or given.get("lane") or "default"
+        preflight_once({**context, "lane": lane})  # both defaults that run it are given
     if problems or not any(key in given for key in placeholders):
         return problems
     current = {key: str(given.get(key) or context.get(key) or "") for key in placeholders}
