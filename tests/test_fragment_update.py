@@ -233,14 +233,14 @@ def hosts(history: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
 # --- the invariant -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("count", [1, 2])
 def test_an_update_from_the_0_1_0_release_equals_a_fresh_copy(
-    history: Path, hosts: dict[int, Path], tmp_path: Path, count: int
+    history: Path, hosts: dict[int, Path], tmp_path: Path
 ) -> None:
+    """One worker; the three-worker case is the first step of the next test."""
     host = tmp_path / "updated"
-    shutil.copytree(hosts[count], host, symlinks=True)
-    update_all(host, "v0.2.0", WORKERS[:count])
-    fresh = fresh_copy(history, tmp_path / "fresh", "v0.2.0", host, WORKERS[:count])
+    shutil.copytree(hosts[1], host, symlinks=True)
+    update_all(host, "v0.2.0", WORKERS[:1])
+    fresh = fresh_copy(history, tmp_path / "fresh", "v0.2.0", host, WORKERS[:1])
     assert differences(host, fresh) == ""
 
 

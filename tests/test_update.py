@@ -230,16 +230,34 @@ def test_untouched_worker_equals_a_fresh_copy(
     assert not (host / f"workers/{A}/README.md").exists(), "moved by the release"
 
 
-def test_local_edits_that_do_not_overlap_survive(host: Path) -> None:
+def test_local_edits_survive_and_user_owned_files_are_never_touched(host: Path) -> None:
+    """One update of A over two edits: a line added at the bottom of `main.py` (merged) and
+    a reformatted `handler.py` (user-owned: neither it, its test nor the payload change)."""
     main = host / pkg(A) / "main.py"
     main.write_text(main.read_text() + "# local: keep me\n")
-    commit_all(host, "local edit at the bottom")
+    handler = host / pkg(A) / "handler.py"
+    handler.write_text(
+        handler.read_text()
+        .replace("payload = ", "payload = (  # mine\n    ")
+        .replace("model_validate(item.payload)", "model_validate(item.payload)\n    )", 1)
+    )
+    commit_all(host, "local edits: main.py at the bottom, my handler")
+    protected = (
+        f"{pkg(A)}/handler.py",
+        f"workers/{A}/tests/test_handler.py",
+        f"{WORK}/types/payloads/notify_shipment.py",
+    )
+    before = {rel: (host / rel).read_bytes() for rel in protected}
     done = helper(host, "update", A)
     assert done.returncode == 0, done.stdout + done.stderr
     text = main.read_text()
     assert text.startswith(f'"""{RELEASE_LINE} ')
     assert text.endswith("# local: keep me\n")
     assert not any(m in text for m in MARKERS)
+    for rel, data in before.items():
+        assert (host / rel).read_bytes() == data, rel
+        assert RELEASE_PROTECTED not in (host / rel).read_text()
+        assert rel not in changed_paths(host)
 
 
 def test_overlapping_edits_give_inline_markers_and_fail(host: Path) -> None:
@@ -260,62 +278,6 @@ def test_overlapping_edits_give_inline_markers_and_fail(host: Path) -> None:
     assert [p for p in host.rglob("*.rej")] == []
     status = git(host, "status", "--porcelain")
     assert f"UU {pkg(A)}/main.py" in status
-
-
-def test_handler_and_its_test_are_never_touched(host: Path) -> None:
-    handler = host / pkg(A) / "handler.py"
-    handler.write_text(
-        handler.read_text()
-        .replace("payload = ", "payload = (  # mine\n    ")
-        .replace("model_validate(item.payload)", "model_validate(item.payload)\n    )", 1)
-    )
-    commit_all(host, "my handler")
-    before = {
-        rel: (host / rel).read_bytes()
-        for rel in (
-            f"{pkg(A)}/handler.py",
-            f"workers/{A}/tests/test_handler.py",
-            f"{WORK}/types/payloads/notify_shipment.py",
-        )
-    }
-    assert helper(host, "update", A).returncode == 0
-    for rel, data in before.items():
-        assert (host / rel).read_bytes() == data, rel
-        assert RELEASE_PROTECTED not in (host / rel).read_text()
-    assert rel not in changed_paths(host)
-
-
-def test_migration_stamp_and_files_never_change(host: Path) -> None:
-    stamp = recorded(host, A)["migration_stamp"]
-    files = sorted(
-        str(p.relative_to(host)) for p in (host / "om/migrations").rglob("*") if p.is_file()
-    )
-    assert any(stamp in f for f in files)
-    for _ in range(2):
-        assert helper(host, "update", A, "--ref", "HEAD").returncode == 0
-        commit_all(host, "update")
-    assert recorded(host, A)["migration_stamp"] == stamp
-    after = sorted(
-        str(p.relative_to(host)) for p in (host / "om/migrations").rglob("*") if p.is_file()
-    )
-    assert after == files
-
-
-def test_updating_one_worker_leaves_the_other_untouched(host: Path) -> None:
-    """B's update never reaches the namespace; A's (its owner) brings the namespace change."""
-    b_before = files_under(host, f"workers/{A}")
-    assert helper(host, "update", B).returncode == 0
-    changed = changed_paths(host)
-    assert not [p for p in changed if p.startswith(f"workers/{A}")]
-    assert files_under(host, f"workers/{A}") == b_before
-    assert RELEASE_KINDS not in (host / WORK_ITEM).read_text(), "B does not own the namespace"
-    assert recorded(host, A)["_commit"] == "v0.0.1"
-    commit_all(host, "update B")
-    b_files = files_under(host, f"workers/{B}")
-    assert helper(host, "update", A).returncode == 0
-    assert RELEASE_KINDS in (host / WORK_ITEM).read_text()
-    assert not [p for p in changed_paths(host) if p.startswith(f"workers/{B}")]
-    assert files_under(host, f"workers/{B}") == b_files
 
 
 def count_fragments(host: Path) -> dict[str, int]:
@@ -354,13 +316,61 @@ def count_fragments(host: Path) -> dict[str, int]:
     }
 
 
-def test_fragments_stay_single_after_two_updates(host: Path) -> None:
+def test_updates_in_turn_reach_only_their_worker_and_the_owner_hands_the_namespace_on(
+    host: Path,
+) -> None:
+    """The life of a two-worker host, one update per step (each costs a copier run):
+
+    - B's update never reaches A or the namespace; A (its owner) then brings the namespace
+      change and leaves B alone; the owner cannot be removed while B is at another version;
+    - two more updates of each (`--ref HEAD`) leave every fragment single, and A's
+      migration stamp and the migration files as they were;
+    - removing the owner hands the namespace (and its stamp) to B, says what finds A's items,
+      and the last worker cannot be removed.
+    """
     assert set(count_fragments(host).values()) == {1}
-    for name in (A, B, A, B):
+    stamp = recorded(host, A)["migration_stamp"]
+    migrations = sorted(
+        str(p.relative_to(host)) for p in (host / "om/migrations").rglob("*") if p.is_file()
+    )
+    assert any(stamp in f for f in migrations)
+    a_before = files_under(host, f"workers/{A}")
+    assert helper(host, "update", B).returncode == 0
+    assert not [p for p in changed_paths(host) if p.startswith(f"workers/{A}")]
+    assert files_under(host, f"workers/{A}") == a_before
+    assert RELEASE_KINDS not in (host / WORK_ITEM).read_text(), "B does not own the namespace"
+    assert recorded(host, A)["_commit"] == "v0.0.1"
+    commit_all(host, "update B")
+    refused = helper(host, "remove", A)
+    assert refused.returncode == 1 and "same template version" in refused.stderr, refused.stderr
+    b_files = files_under(host, f"workers/{B}")
+    assert helper(host, "update", A).returncode == 0
+    assert RELEASE_KINDS in (host / WORK_ITEM).read_text()
+    assert not [p for p in changed_paths(host) if p.startswith(f"workers/{B}")]
+    assert files_under(host, f"workers/{B}") == b_files
+    commit_all(host, "update A")
+    for name in (B, A):
         done = helper(host, "update", name, "--ref", "HEAD")
         assert done.returncode == 0, done.stdout + done.stderr
-        commit_all(host, f"update {name}")
+        commit_all(host, f"update {name} again")
     assert set(count_fragments(host).values()) == {1}, count_fragments(host)
+    assert recorded(host, A)["migration_stamp"] == stamp
+    after = sorted(
+        str(p.relative_to(host)) for p in (host / "om/migrations").rglob("*") if p.is_file()
+    )
+    assert after == migrations
+    done = helper(host, "remove", A)
+    assert done.returncode == 0, done.stdout + done.stderr
+    heir = recorded(host, B)
+    assert heir["namespace_absent"] is True and heir["migration_stamp"] == stamp
+    assert "NOTIFY_SHIPMENT" not in (host / KINDS).read_text()
+    assert (  # its items are left in the database, and the helper says what finds them
+        "==> items of NOTIFY_SHIPMENT still in a database stay there, stranded: the other "
+        f"workers' `serve` names them; `uv run --all-packages {B} items list --any-kind`"
+    ) in done.stdout
+    commit_all(host, "remove A")
+    single = helper(host, "remove", B)
+    assert single.returncode == 1 and "last worker" in single.stderr
 
 
 def test_tasks_do_nothing_in_copiers_replays(host: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -705,28 +715,6 @@ def test_remove_worker_reverses_its_fragments(host: Path, base: Base) -> None:
     assert (host / f"workers/{A}").is_dir()
     left = [str(p.relative_to(host)) for p in host.rglob("*send_invoice*") if ".git" not in p.parts]
     assert left == [], "every per-kind file of B goes"
-
-
-def test_removing_the_namespace_owner_hands_it_on(host: Path) -> None:
-    assert helper(host, "update", B).returncode == 0
-    commit_all(host, "B at v0.0.2")
-    refused = helper(host, "remove", A)
-    assert refused.returncode == 1 and "same template version" in refused.stderr, refused.stderr
-    assert helper(host, "update", A).returncode == 0
-    commit_all(host, "A at v0.0.2")
-    stamp = recorded(host, A)["migration_stamp"]
-    done = helper(host, "remove", A)
-    assert done.returncode == 0, done.stdout + done.stderr
-    heir = recorded(host, B)
-    assert heir["namespace_absent"] is True and heir["migration_stamp"] == stamp
-    assert "NOTIFY_SHIPMENT" not in (host / KINDS).read_text()
-    assert (  # its items are left in the database, and the helper says what finds them
-        "==> items of NOTIFY_SHIPMENT still in a database stay there, stranded: the other "
-        f"workers' `serve` names them; `uv run --all-packages {B} items list --any-kind`"
-    ) in done.stdout
-    commit_all(host, "remove A")
-    single = helper(host, "remove", B)
-    assert single.returncode == 1 and "last worker" in single.stderr
 
 
 def test_rename_worker_moves_answers_and_keeps_edits(host: Path) -> None:
