@@ -23,12 +23,12 @@ returns the recorded value in copier's temporary folders (`copier._main.*_copy.*
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import importlib.util
 import os
 import re
-import sys
-from collections.abc import Iterable
+import runpy
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -37,27 +37,12 @@ from typing import TYPE_CHECKING, Any
 from copier.errors import UserMessageError
 from copier_template_extensions import ContextHook
 
-
-def _sibling(name: str) -> ModuleType:
-    """Load `extensions/<name>.py` under a name unique to this template checkout.
-
-    An update renders the old and the new template version in one process; a plain
-    `import naming` would give the new version's hook the old version's module.
-    """
-    path = Path(__file__).resolve().with_name(f"{name}.py")
-    digest = hashlib.sha1(str(path.parent).encode()).hexdigest()[:12]
-    key = f"_worker_template_{digest}_{name}"
-    module = sys.modules.get(key)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(key, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return module
+# `_sibling("naming")`: extensions/naming.py, loaded once per template checkout (siblings.py).
+_sibling: Callable[[str], ModuleType] = functools.partial(
+    runpy.run_path(str(Path(__file__).with_name("siblings.py")))["load"], __file__
+)
 
 
-# mypy reads the modules themselves; at run time `_sibling` loads them (see its docstring).
 if TYPE_CHECKING:
     import hostfacts
     import launch

@@ -78,10 +78,12 @@ tell which released paths a `_migrations` entry carries across.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import importlib.util
 import os
 import re
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -161,19 +163,10 @@ class SpecLike(Protocol):
     def worker_name(self) -> str: ...
 
 
-def _sibling(name: str) -> ModuleType:
-    """Load `extensions/<name>.py` under a name unique to this checkout (see context.py)."""
-    path = Path(__file__).resolve().with_name(f"{name}.py")
-    digest = hashlib.sha1(str(path.parent).encode()).hexdigest()[:12]
-    key = f"_worker_template_{digest}_{name}"
-    module = sys.modules.get(key)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(key, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return module
+# `_sibling("naming")`: extensions/naming.py, loaded once per template checkout (siblings.py).
+_sibling: Callable[[str], ModuleType] = functools.partial(
+    runpy.run_path(str(Path(__file__).with_name("siblings.py")))["load"], __file__
+)
 
 
 # --- fragments -------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import hashlib
 import importlib.util
 import io
 import re
+import runpy
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,27 +36,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-
-def _sibling(name: str) -> ModuleType:
-    """Load `extensions/<name>.py` under a name unique to this template checkout.
-
-    Copier renders the old and the new template version in one process during an update;
-    a plain `import naming` would hand the new hook the old version's module.
-    """
-    path = Path(__file__).resolve().with_name(f"{name}.py")
-    digest = hashlib.sha1(str(path.parent).encode()).hexdigest()[:12]
-    key = f"_worker_template_{digest}_{name}"
-    module = sys.modules.get(key)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(key, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return module
+# `_sibling("naming")`: extensions/naming.py, loaded once per template checkout (siblings.py).
+_sibling: Callable[[str], ModuleType] = functools.partial(
+    runpy.run_path(str(Path(__file__).with_name("siblings.py")))["load"], __file__
+)
 
 
-# mypy reads the modules themselves; at run time `_sibling` loads them (see its docstring).
 if TYPE_CHECKING:
     import host_workers
     import hostfacts

@@ -27,9 +27,10 @@ Only the standard library and PyYAML (a dependency of copier itself) are used.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib.util
+import functools
+import runpy
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -39,22 +40,12 @@ VERSIONS = Path("om/migrations/versions/queue")
 LINE_LENGTH = 100  # the host's ruff line length (docs/host-contract.md)
 
 
-def _sibling(name: str) -> ModuleType:
-    """Load `extensions/<name>.py` under a name unique to this template checkout."""
-    path = Path(__file__).resolve().with_name(f"{name}.py")
-    digest = hashlib.sha1(str(path.parent).encode()).hexdigest()[:12]
-    key = f"_worker_template_{digest}_{name}"
-    module = sys.modules.get(key)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(key, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return module
+# `_sibling("naming")`: extensions/naming.py, loaded once per template checkout (siblings.py).
+_sibling: Callable[[str], ModuleType] = functools.partial(
+    runpy.run_path(str(Path(__file__).with_name("siblings.py")))["load"], __file__
+)
 
 
-# mypy reads the modules themselves; at run time `_sibling` loads them (see its docstring).
 if TYPE_CHECKING:
     import hostfacts
 else:
