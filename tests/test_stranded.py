@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import time
@@ -25,17 +24,12 @@ from pathlib import Path
 import pytest
 from conftest import commit_all, copy_host, copy_template, uv_sync
 from test_fragment_update import update
+from work_network import free_port
 
 NAME = "shipment-notifier"
 KIND = "NOTIFY_SHIPMENT"
 SWEEP_INTERVAL_S = 1.0
 EMBEDDED_DB = ".local/acme.sqlite3"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
@@ -47,7 +41,7 @@ def worker_env(uv_env: dict[str, str]) -> dict[str, str]:
         "SHIPMENT_NOTIFIER_SWEEP_INTERVAL": str(SWEEP_INTERVAL_S),
         "SHIPMENT_NOTIFIER_POLL_INTERVAL": "0.5",
         "SHIPMENT_NOTIFIER_METRICS_HOST": "127.0.0.1",
-        "SHIPMENT_NOTIFIER_METRICS_PORT": str(_free_port()),
+        "SHIPMENT_NOTIFIER_METRICS_PORT": str(free_port()),
     }
 
 
