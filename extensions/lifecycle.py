@@ -746,6 +746,87 @@ def needs_engine(host: Path, answers_file: str, api: int) -> Retired:
     )
 
 
+# --- Terraform state moves (v0.2.0, docs/decisions/0031) -----------------------------------
+
+TERRAFORM_ENVIRONMENTS = ("staging", "production")
+# What each worker's `environments/<env>/worker_<module>.tf` declared itself before the worker
+# module: `<type>.<module>_<name>` then, `module.worker_<module>.<type>.<name>` in the module
+# (count and for_each keys kept: the same switch, the same map).
+TERRAFORM_MOVES: tuple[tuple[str, str], ...] = (
+    ("aws_cloudwatch_log_metric_filter", "queue_stats"),
+    ("aws_appautoscaling_policy", "backlog"),
+    ("aws_appautoscaling_policy", "oldest_item_age"),
+    ("aws_cloudwatch_metric_alarm", "scale_out_on_age"),
+    ("aws_cloudwatch_metric_alarm", "backlog_age"),
+    ("aws_cloudwatch_metric_alarm", "queue_stats_missing"),
+    ("aws_cloudwatch_metric_alarm", "claims_failing"),
+    ("aws_cloudwatch_metric_alarm", "lease_renewals_failing"),
+    ("aws_cloudwatch_metric_alarm", "completions_failing"),
+    ("aws_cloudwatch_metric_alarm", "wake_ups_down"),
+    ("aws_cloudwatch_metric_alarm", "dead_letters_unaudited"),
+)
+# The namespace owner's alarms on the database and the outbox: one instance then, `[0]` of
+# the module's `count = var.namespace_alarms ? 1 : 0` now.
+OWNER_TERRAFORM_MOVES: tuple[str, ...] = (
+    "snapshot_age",
+    "stranded",
+    "outbox_failing",
+    "outbox_dead_letters",
+)
+
+
+def terraform_moves(worker_name: str, module: str, owner: bool) -> str:
+    """The `moved` blocks of one worker's environment (`worker_<module>.moved.tf`): every
+    address its file declared before the worker module, to the module instance's."""
+    pairs = [(f"module.{module}", f"module.worker_{module}.module.service")]
+    pairs += [
+        (f"{kind}.{module}_{name}", f"module.worker_{module}.{kind}.{name}")
+        for kind, name in TERRAFORM_MOVES
+    ]
+    if owner:
+        pairs += [
+            (
+                f"aws_cloudwatch_metric_alarm.{module}_{name}",
+                f"module.worker_{module}.aws_cloudwatch_metric_alarm.{name}[0]",
+            )
+            for name in OWNER_TERRAFORM_MOVES
+        ]
+    header = (
+        f"# Moves the {worker_name} worker's Terraform state from the addresses its\n"
+        f"# worker_{module}.tf declared itself before template 0.2 (the service module instance,\n"
+        "# metric filters, scaling policies and alarms) into its worker module instance, so the\n"
+        "# first `terraform plan` after the update moves each of them and destroys nothing\n"
+        "# (docs/decisions/0031 of the worker template). Written once, by the update from before\n"
+        "# 0.2; the template never renders or changes it. Delete it once this environment's\n"
+        "# state has been applied with it: the moves are done then.\n"
+    )
+    blocks = [f"moved {{\n  from = {old}\n  to   = {new}\n}}\n" for old, new in pairs]
+    return header + "\n" + "\n".join(blocks)
+
+
+def write_terraform_moves(host: Path, answers_file: str) -> Retired:
+    """After stage of the update from before v0.2.0: beside each of the worker's
+    `environments/<env>/worker_<module>.tf`, its `worker_<module>.moved.tf`
+    (`terraform_moves`), unless one is there. A fresh copy has none: no state to move."""
+    if not is_real_host(host):
+        return Retired(True, "skipped: not the real host")
+    answers = _yaml().safe_load((host / answers_file).read_text(encoding="utf-8")) or {}
+    derived = names(answers)
+    module = derived["worker_module"]
+    owner = answers.get("namespace_absent") is True
+    written = []
+    for env in TERRAFORM_ENVIRONMENTS:
+        folder = host / "deployment" / "terraform" / "environments" / env
+        target = folder / f"worker_{module}.moved.tf"
+        if not (folder / f"worker_{module}.tf").is_file() or target.exists():
+            continue
+        target.write_text(terraform_moves(derived["worker_name"], module, owner), encoding="utf-8")
+        written.append(str(target.relative_to(host)))
+    if not written:
+        return Retired(True, "no Terraform state moves to write")
+    return Retired(True, f"wrote {', '.join(written)}: the Terraform state moves")
+
+
 # --- command line ----------------------------------------------------------------------------
 
 
@@ -794,6 +875,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", dest="paths", action="append", required=True)
     p.add_argument("--owner-path", dest="owner_paths", action="append", default=[])
     p.add_argument("--host", default=".")
+    p = sub.add_parser(
+        "terraform-moves", help="write the worker's Terraform `moved` blocks (from before 0.2)"
+    )
+    p.add_argument("--answers-file", required=True)
+    p.add_argument("--host", default=".")
     return parser
 
 
@@ -812,6 +898,8 @@ def main(argv: list[str] | None = None) -> int:
         decided = needs_engine(Path(args.host), args.answers_file, args.api)
     elif args.command == "needs-owner":
         decided = needs_owner(Path(args.host), args.answers_file, list(args.paths))
+    elif args.command == "terraform-moves":
+        decided = write_terraform_moves(Path(args.host), args.answers_file)
     elif args.command == "compact":
         decided = compact(
             Path(args.host),
