@@ -57,6 +57,7 @@ USER_OWNED = ("/handler.py", "/test_handler.py", "/om/work/types/payloads/")
 # Terraform state moves, `environments/<env>/worker_<module>.moved.tf` (copier.yml's v0.2.0
 # `terraform-moves`; no state predates a fresh copy). The user's from then on.
 MIGRATION_WRITTEN = ".moved.tf"
+lifecycle = load_extension("lifecycle")
 FIXED = ("migration_stamp", "queue_down_revision")
 QDR = "queue_down_revision"  # recorded by every worker; only the namespace owner's is used
 
@@ -257,6 +258,14 @@ def test_an_update_from_the_0_1_0_release_equals_a_fresh_copy(
         for module in modules
     )
     assert not list(fresh.glob(moves))
+    for answers in WORKERS[:count]:
+        module = str(answers["worker_name"]).replace("-", "_")
+        expected = lifecycle.terraform_moves(
+            str(answers["worker_name"]), module, answers is WORKERS[0]
+        )
+        for env in ("production", "staging"):
+            path = host / f"deployment/terraform/environments/{env}/worker_{module}.moved.tf"
+            assert path.read_text(encoding="utf-8") == expected
 
 
 def test_three_workers_follow_every_release_text_added_and_removed_fragments(
