@@ -68,6 +68,13 @@ what its new version needs (before stage, nothing written): `needs-engine --api 
 worker runtime, v0.2.0) and `needs-owner --path <path> [--path ...]` (files the owner
 renders: v0.2.0, the Terraform worker module, docs/decisions/0031).
 
+Two more carry a worker's Terraform files across v0.2.0 (docs/decisions/0031):
+`carry-terraform` (both stages) does for `environments/<env>/worker_<module>.tf` what `carry`
+does for settings.py, the settings values and sizes a user changed going into the short
+instance, any other edit stopping the update; `terraform-moves` (after stage) writes the
+`moved` blocks from the addresses the old file declared into `worker_<module>.moved.tf`
+beside it, once, so only a host whose state predates the module has them.
+
 All these commands act only in the real host (a git work tree outside copier's temporary
 folders, `is_real_host`): copier 9.19.1 runs `_migrations` in the real destination only,
 but a replay that ran them would find no host to change, and they must stay replay-safe.

@@ -4,9 +4,11 @@ Seed 000, Changed: per environment one instance of the worker module (rendered o
 host), which holds one instance of the host's service module (no load balancer route,
 rollouts capped at the desired count, a log group with retention, autoscaling behind
 `autoscaling_enabled`, the running-tasks-below-desired alarm on the alarm topic), the
-queue metrics, backlog scaling and alarms; every setting passed as a variable or wired as a
-secret; `moved` blocks carry the state of the long worker files before the module
-(docs/decisions/0031) and `terraform plan` on it changes nothing more than before; the staging
+queue metrics, backlog scaling and alarms, and the settings' defaults; each environment's
+shared inputs once (`workers.tf`); every setting passed as a variable or wired as a secret;
+the `moved` blocks the update from before 0.2 writes carry the state of the long worker
+files before the module (docs/decisions/0031) and `terraform plan` on it changes nothing
+more than before; the staging
 workflow builds, pushes and records the image by commit, production promotes that digest
 and never rebuilds; with `container: true` a compose service; the image itself.
 
@@ -891,6 +893,14 @@ def test_a_worker_other_than_the_owner_is_refused_without_the_worker_module(
     )
     assert deploy.check_terraform(tmp_path, spec) == [refusal]
     owner = dataclasses.replace(spec, namespace_absent=True)
+    assert deploy.check_terraform(tmp_path, owner) == []
+    # each environment's workers.tf, the owner's too
+    (tmp_path / TERRAFORM_DIR / "environments/staging/workers.tf").unlink()
+    missing = (
+        f"{TERRAFORM_DIR}/environments/staging/workers.tf: the workers' shared inputs do not "
+        "exist (the worker that owns the work namespace renders them: update that worker first)"
+    )
+    assert deploy.check_terraform(tmp_path, spec) == [refusal, missing]
     assert deploy.check_terraform(tmp_path, owner) == []
 
 
