@@ -49,7 +49,7 @@ _FLOW_IMAGES = re.compile(r"^\s*image:\s*\[")
 # The build step of the staging workflow names the image's Dockerfile by the matrix entry.
 DOCKERFILE_BY_MATRIX = re.compile(r"deployment/docker/\$\{\{\s*matrix\.image\s*\}\}\.Dockerfile")
 # The port /metrics and /healthz listen on inside the worker's container (the image's only
-# EXPOSE, and `<worker>_metrics_port` in the worker's Terraform file).
+# EXPOSE, and the default of the worker module's `metrics_port`).
 CONTAINER_METRICS_PORT = 9100
 # The first host port a worker container's metrics are published on; each next one takes
 # the lowest port from here that no service of the compose file publishes yet.
@@ -75,6 +75,16 @@ TEMPLATE_TERRAFORM = (
     / "environments"
     / "{env}"
     / "worker_{{ worker_module }}.tf.jinja"
+)
+# What every worker's instance shares in one environment (`local.worker_platform`), rendered
+# once per host with the namespace owner, beside those files.
+TEMPLATE_WORKERS_TERRAFORM = (
+    Path(__file__).resolve().parents[1]
+    / "template"
+    / TERRAFORM
+    / "environments"
+    / "{env}"
+    / "{% if namespace_absent %}workers.tf{% endif %}.jinja"
 )
 # The worker module those files instantiate, rendered once per host with the namespace owner;
 # its `module "service"` block is what the host's service module must declare.
@@ -422,15 +432,18 @@ def required(template: str, module: str) -> dict[str, set[str]]:
     return needs
 
 
-def _tf_texts(folder: Path, *, skip: str = "") -> list[str]:
-    return [p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.tf")) if p.name != skip]
+def _tf_texts(folder: Path, *, skip: tuple[str, ...] = ()) -> list[str]:
+    return [
+        p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.tf")) if p.name not in skip
+    ]
 
 
 def check_terraform(host: Path, spec: SpecLike) -> list[str]:
     """Every `<folder>: <missing part>` that keeps the worker's Terraform files from working.
 
-    The rendered `environments/<env>/worker_<module>.tf` refers to the environment's shared
-    variables and locals and its alarm topic; the worker module it instantiates
+    The rendered `environments/<env>/worker_<module>.tf` and the owner's `workers.tf` beside
+    it refer to the environment's shared variables and locals and its alarm topic (the
+    host's files, without those two, must declare them); the worker module it instantiates
     (`modules/worker`, the template's) sets the service module's inputs and reads its
     outputs. Each one the host does not declare is named ([] when all are there), and so is
     the worker module itself when this worker does not render it (not the namespace owner).
@@ -454,13 +467,24 @@ def check_terraform(host: Path, spec: SpecLike) -> list[str]:
         for name in sorted(worker["output"] - (service["output"] if service else set())):
             problems.append(f'{SERVICE_MODULE}: no `output "{name}"` (the worker module reads it)')
     for env in ENVIRONMENTS:
-        template = Path(str(TEMPLATE_TERRAFORM).replace("{env}", env))
-        needs = required(template.read_text(encoding="utf-8"), module)
+        # the worker's file with the shared one (`local.worker_platform`): what the two
+        # read from the host's own files
+        templates = (TEMPLATE_TERRAFORM, TEMPLATE_WORKERS_TERRAFORM)
+        text = "\n".join(
+            Path(str(path).replace("{env}", env)).read_text(encoding="utf-8") for path in templates
+        )
+        needs = required(text, module)
         folder = f"{TERRAFORM}/environments/{env}"
         if not (host / folder).is_dir():
             problems.append(f"{folder}: the environment does not exist")
             continue
-        have = declared(_tf_texts(host / folder, skip=f"worker_{module}.tf"))
+        if not spec.namespace_absent and not (host / folder / "workers.tf").is_file():
+            problems.append(
+                f"{folder}/workers.tf: the workers' shared inputs do not exist (the worker that "
+                "owns the work namespace renders them: update that worker first)"
+            )
+        skip = (f"worker_{module}.tf", "workers.tf")
+        have = declared(_tf_texts(host / folder, skip=skip))
         for name in sorted(needs["variable"] - have["variable"]):
             problems.append(f'{folder}: no `variable "{name}"`')
         for name in sorted(needs["local"] - have["local"]):

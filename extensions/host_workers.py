@@ -812,11 +812,13 @@ def reverse_fragments(
 
 
 def worker_files(root: Path, answers: dict[str, object]) -> list[Path]:
-    """The files copier rendered for this worker alone (its folder, image, Terraform)."""
+    """The files copier rendered for this worker alone (its folder, image, Terraform), and
+    the Terraform state moves an update from before 0.2 wrote beside them."""
     worker = str(answers["worker_name"])
     module = names_of(worker, str(answers["work_kind"]))["worker_module"]
     found = [root / "workers" / worker, root / "deployment" / "docker" / f"{worker}.Dockerfile"]
     found += sorted(root.glob(f"deployment/terraform/environments/*/worker_{module}.tf"))
+    found += sorted(root.glob(f"deployment/terraform/environments/*/worker_{module}.moved.tf"))
     return [p for p in found if p.exists()]
 
 

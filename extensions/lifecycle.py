@@ -68,6 +68,13 @@ what its new version needs (before stage, nothing written): `needs-engine --api 
 worker runtime, v0.2.0) and `needs-owner --path <path> [--path ...]` (files the owner
 renders: v0.2.0, the Terraform worker module, docs/decisions/0031).
 
+Two more carry a worker's Terraform files across v0.2.0 (docs/decisions/0031):
+`carry-terraform` (both stages) does for `environments/<env>/worker_<module>.tf` what `carry`
+does for settings.py, the settings values and sizes a user changed going into the short
+instance, any other edit stopping the update; `terraform-moves` (after stage) writes the
+`moved` blocks from the addresses the old file declared into `worker_<module>.moved.tf`
+beside it, once, so only a host whose state predates the module has them.
+
 All these commands act only in the real host (a git work tree outside copier's temporary
 folders, `is_real_host`): copier 9.19.1 runs `_migrations` in the real destination only,
 but a replay that ran them would find no host to change, and they must stay replay-safe.
@@ -78,6 +85,7 @@ tell which released paths a `_migrations` entry carries across.
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import hashlib
 import importlib.util
@@ -739,6 +747,266 @@ def needs_engine(host: Path, answers_file: str, api: int) -> Retired:
     )
 
 
+# --- Terraform state moves (v0.2.0, docs/decisions/0031) -----------------------------------
+
+TERRAFORM_ENVIRONMENTS = ("staging", "production")
+# What each worker's `environments/<env>/worker_<module>.tf` declared itself before the worker
+# module: `<type>.<module>_<name>` then, `module.worker_<module>.<type>.<name>` in the module
+# (count and for_each keys kept: the same switch, the same map).
+TERRAFORM_MOVES: tuple[tuple[str, str], ...] = (
+    ("aws_cloudwatch_log_metric_filter", "queue_stats"),
+    ("aws_appautoscaling_policy", "backlog"),
+    ("aws_appautoscaling_policy", "oldest_item_age"),
+    ("aws_cloudwatch_metric_alarm", "scale_out_on_age"),
+    ("aws_cloudwatch_metric_alarm", "backlog_age"),
+    ("aws_cloudwatch_metric_alarm", "queue_stats_missing"),
+    ("aws_cloudwatch_metric_alarm", "claims_failing"),
+    ("aws_cloudwatch_metric_alarm", "lease_renewals_failing"),
+    ("aws_cloudwatch_metric_alarm", "completions_failing"),
+    ("aws_cloudwatch_metric_alarm", "wake_ups_down"),
+    ("aws_cloudwatch_metric_alarm", "dead_letters_unaudited"),
+)
+# The namespace owner's alarms on the database and the outbox: one instance then, `[0]` of
+# the module's `count = var.namespace_alarms ? 1 : 0` now.
+OWNER_TERRAFORM_MOVES: tuple[str, ...] = (
+    "snapshot_age",
+    "stranded",
+    "outbox_failing",
+    "outbox_dead_letters",
+)
+
+
+def terraform_moves(worker_name: str, module: str, owner: bool) -> str:
+    """The `moved` blocks of one worker's environment (`worker_<module>.moved.tf`): every
+    address its file declared before the worker module, to the module instance's."""
+    pairs = [(f"module.{module}", f"module.worker_{module}.module.service")]
+    pairs += [
+        (f"{kind}.{module}_{name}", f"module.worker_{module}.{kind}.{name}")
+        for kind, name in TERRAFORM_MOVES
+    ]
+    if owner:
+        pairs += [
+            (
+                f"aws_cloudwatch_metric_alarm.{module}_{name}",
+                f"module.worker_{module}.aws_cloudwatch_metric_alarm.{name}[0]",
+            )
+            for name in OWNER_TERRAFORM_MOVES
+        ]
+    header = (
+        f"# Moves the {worker_name} worker's Terraform state from the addresses its\n"
+        f"# worker_{module}.tf declared itself before template 0.2 (the service module instance,\n"
+        "# metric filters, scaling policies and alarms) into its worker module instance, so the\n"
+        "# first `terraform plan` after the update moves each of them and destroys nothing\n"
+        "# (docs/decisions/0031 of the worker template). Written once, by the update from before\n"
+        "# 0.2; the template never renders or changes it. Delete it once this environment's\n"
+        "# state has been applied with it: the moves are done then.\n"
+    )
+    blocks = [f"moved {{\n  from = {old}\n  to   = {new}\n}}\n" for old, new in pairs]
+    return header + "\n" + "\n".join(blocks)
+
+
+def write_terraform_moves(host: Path, answers_file: str) -> Retired:
+    """After stage of the update from before v0.2.0: beside each of the worker's
+    `environments/<env>/worker_<module>.tf`, its `worker_<module>.moved.tf`
+    (`terraform_moves`), unless one is there. A fresh copy has none: no state to move."""
+    if not is_real_host(host):
+        return Retired(True, "skipped: not the real host")
+    answers = _yaml().safe_load((host / answers_file).read_text(encoding="utf-8")) or {}
+    derived = names(answers)
+    module = derived["worker_module"]
+    owner = answers.get("namespace_absent") is True
+    written = []
+    for env in TERRAFORM_ENVIRONMENTS:
+        folder = host / "deployment" / "terraform" / "environments" / env
+        target = folder / f"worker_{module}.moved.tf"
+        if not (folder / f"worker_{module}.tf").is_file() or target.exists():
+            continue
+        target.write_text(terraform_moves(derived["worker_name"], module, owner), encoding="utf-8")
+        written.append(str(target.relative_to(host)))
+    if not written:
+        return Retired(True, "no Terraform state moves to write")
+    return Retired(True, f"wrote {', '.join(written)}: the Terraform state moves")
+
+
+# What a user may have edited in a worker's Terraform file before 0.2 that the update carries:
+# a value of its settings map (`<PREFIX><FIELD> = "..."`, a string literal) and the sizes
+# of its module block. Everything else the old file held is the module's now.
+TERRAFORM_SIZES = ("desired_count", "max_count", "log_retention_days")
+_TF_SIZE = re.compile(rf"^(  ({'|'.join(TERRAFORM_SIZES)})\s*=\s*)(\S.*)$")
+_TF_LITERAL = re.compile(r'^"[^"\\$%]*"$')
+
+
+@dataclass
+class TerraformEdits:
+    """A user's edits of a worker's Terraform file: settings by field, sizes by name."""
+
+    settings: dict[str, str]
+    sizes: dict[str, str]
+
+    @property
+    def empty(self) -> bool:
+        return not self.settings and not self.sizes
+
+
+def _tf_settings(text: str, prefix: str) -> dict[str, tuple[int, str]]:
+    """`{FIELD: (line index, value)}` of the `<PREFIX><FIELD> = value` lines."""
+    pattern = re.compile(rf"^\s+{re.escape(prefix)}([A-Z0-9_]+)\s*=\s*(\S.*)$")
+    found = {}
+    for index, line in enumerate(text.splitlines()):
+        match = pattern.match(line)
+        if match:
+            found[match.group(1)] = (index, match.group(2))
+    return found
+
+
+def _tf_sizes(text: str) -> dict[str, tuple[int, str]]:
+    found = {}
+    for index, line in enumerate(text.splitlines()):
+        match = _TF_SIZE.match(line)
+        if match:
+            found[match.group(2)] = (index, match.group(3))
+    return found
+
+
+def terraform_edits(old: str, user: str, prefix: str) -> TerraformEdits:
+    """The user's edits (`user` against the old template's rendering `old`) of a worker's
+    Terraform file from before 0.2 that the new file can take: a settings value changed or
+    added as a string literal, a size changed. Raises `ValueError` naming any other edit
+    (a line changed, added or removed elsewhere, a setting removed or set to an expression)."""
+    base_settings, user_settings = _tf_settings(old, prefix), _tf_settings(user, prefix)
+    base_sizes, user_sizes = _tf_sizes(old), _tf_sizes(user)
+    removed = sorted(set(base_settings) - set(user_settings))
+    if removed:
+        raise ValueError(f"the setting {prefix}{removed[0]} is gone from it")
+    settings = {}
+    for field, (_, value) in user_settings.items():
+        if field in base_settings and base_settings[field][1] == value:
+            continue
+        if not _TF_LITERAL.match(value):
+            raise ValueError(f"{prefix}{field} is set to {value}, not a plain string")
+        settings[field] = value
+    sizes = {
+        name: value
+        for name, (_, value) in user_sizes.items()
+        if name in base_sizes and base_sizes[name][1] != value
+    }
+    # the rest must be the old rendering, line for line: user's lines of carried values and
+    # added settings out, base values back
+    carried = {index for field, (index, _) in user_settings.items() if field not in base_settings}
+    lines = user.splitlines()
+    for field, (index, _) in user_settings.items():
+        if field in base_settings:
+            lines[index] = old.splitlines()[base_settings[field][0]]
+    for name, (index, _) in user_sizes.items():
+        if name in base_sizes:
+            lines[index] = old.splitlines()[base_sizes[name][0]]
+    rest = [line for index, line in enumerate(lines) if index not in carried]
+    if set(user_sizes) != set(base_sizes) or rest != old.splitlines():
+        diff = [
+            line
+            for line in difflib.unified_diff(old.splitlines(), rest, lineterm="", n=0)
+            if line[:1] in "+-" and not line.startswith(("+++", "---")) and line[1:].strip()
+        ]
+        added = [line[1:].strip() for line in diff if line.startswith("+")]
+        removed = [line[1:].strip() for line in diff if line.startswith("-")]
+        if added:
+            raise ValueError(f"its line `{added[0]}` is the module's now")
+        raise ValueError(
+            f"the line `{removed[0] if removed else ''}` it dropped is the module's now"
+        )
+    return TerraformEdits(settings, sizes)
+
+
+def apply_terraform_edits(new: str, edits: TerraformEdits) -> str:
+    """The new worker file (`module "worker_<module>"`, its `settings = { ... }` map) with
+    the user's sizes and settings in it, `terraform fmt`'s alignment kept."""
+    lines = new.splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        match = _TF_SIZE.match(line.rstrip("\n"))
+        if match and match.group(2) in edits.sizes:
+            lines[index] = f"{match.group(1)}{edits.sizes[match.group(2)]}\n"
+    if not edits.settings:
+        return "".join(lines)
+    start = next(i for i, line in enumerate(lines) if re.match(r"^  settings\s*=\s*\{", line))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].strip() == "}")
+    entries: dict[str, str] = {}
+    for line in lines[start + 1 : end]:
+        key, _, value = line.strip().partition("=")
+        entries[key.strip()] = value.strip()
+    entries.update(edits.settings)
+    width = max(len(key) for key in entries)
+    body = [f"    {key.ljust(width)} = {value}\n" for key, value in entries.items()]
+    return "".join(lines[: start + 1] + body + lines[end:])
+
+
+def carry_terraform(host: Path, answers_file: str, ref_from: str, stage: str) -> Retired:
+    """Carry the user's edits of the worker's Terraform files across 0.2 (the settings
+    map's values and the sizes; `terraform_edits`), in copier's two migration stages, as
+    `carry_edits` does for settings.py: before, an edit the new file cannot take stops the
+    update naming the file, nothing written; else the file goes back to the old rendering
+    (working tree and index), so copier's merge writes the new one clean. After, the edits
+    (read again from HEAD) go into it and the index goes back to HEAD."""
+    if not is_real_host(host):
+        return Retired(True, "skipped: not the real host")
+    recorded = _git(host, "show", f"HEAD:{answers_file}")
+    if recorded.returncode != 0:
+        return Retired(True, f"skipped: {answers_file} is not in HEAD")
+    before = _yaml().safe_load(recorded.stdout) or {}
+    derived = names(before)
+    module, prefix = derived["worker_module"], derived["worker_env_prefix"]
+    paths = [
+        f"deployment/terraform/environments/{env}/worker_{module}.tf"
+        for env in TERRAFORM_ENVIRONMENTS
+    ]
+    users = {path: _git(host, "show", f"HEAD:{path}") for path in paths}
+    present = [path for path, shown in users.items() if shown.returncode == 0]
+    if not present:
+        return Retired(True, "skipped: no Terraform file in HEAD")
+    done: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="worker-template.carry.") as tmp:
+        old = Path(tmp) / "old"
+        ref = ref_from or str(before.get("_commit", ""))
+        render_old(before, str(before.get("_src_path", "")), ref, old)
+        for path in present:
+            base, user = old / path, users[path].stdout
+            if not base.is_file() or base.read_text(encoding="utf-8") == user:
+                continue
+            try:
+                edits = terraform_edits(base.read_text(encoding="utf-8"), user, prefix)
+            except ValueError as exc:
+                return Retired(
+                    False,
+                    f"{path}: you changed it since template {ref}, and {exc} (the worker "
+                    'module, deployment/terraform/modules/worker; docs/updating.md, "To 0.2, '
+                    'Terraform"). Nothing was updated. Undo that change, commit, run the '
+                    "update again, then make the change in the module or in the instance's "
+                    "`settings`.",
+                )
+            if stage == "before":
+                (host / path).write_text(base.read_text(encoding="utf-8"), encoding="utf-8")
+                _git(host, "add", "--", path)
+            else:
+                target = host / path
+                if not target.is_file():
+                    continue
+                _git(host, "reset", "-q", "--", path)
+                try:
+                    carried = apply_terraform_edits(target.read_text(encoding="utf-8"), edits)
+                except StopIteration:
+                    return Retired(
+                        False,
+                        f"{path}: your edits could not be carried (the new file has no "
+                        f"`settings` map); they are in `git show HEAD:{path}`: put them back "
+                        "by hand, or undo the update with `git checkout -- . && git clean -fd`",
+                    )
+                target.write_text(carried, encoding="utf-8")
+            done.append(path)
+    if not done:
+        return Retired(True, "skipped: no Terraform edits to carry")
+    verb = "will carry your edits of" if stage == "before" else "carried your edits into"
+    return Retired(True, f"{verb} {', '.join(done)}")
+
+
 # --- command line ----------------------------------------------------------------------------
 
 
@@ -787,6 +1055,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", dest="paths", action="append", required=True)
     p.add_argument("--owner-path", dest="owner_paths", action="append", default=[])
     p.add_argument("--host", default=".")
+    p = sub.add_parser(
+        "terraform-moves", help="write the worker's Terraform `moved` blocks (from before 0.2)"
+    )
+    p.add_argument("--answers-file", required=True)
+    p.add_argument("--host", default=".")
+    p = sub.add_parser(
+        "carry-terraform", help="carry the user's settings and sizes across the 0.2 Terraform"
+    )
+    p.add_argument("--answers-file", required=True)
+    p.add_argument("--host", default=".")
     return parser
 
 
@@ -805,6 +1083,12 @@ def main(argv: list[str] | None = None) -> int:
         decided = needs_engine(Path(args.host), args.answers_file, args.api)
     elif args.command == "needs-owner":
         decided = needs_owner(Path(args.host), args.answers_file, list(args.paths))
+    elif args.command == "terraform-moves":
+        decided = write_terraform_moves(Path(args.host), args.answers_file)
+    elif args.command == "carry-terraform":
+        decided = carry_terraform(
+            Path(args.host), args.answers_file, env("VERSION_FROM", ""), env("STAGE", "before")
+        )
     elif args.command == "compact":
         decided = compact(
             Path(args.host),

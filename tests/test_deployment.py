@@ -4,9 +4,11 @@ Seed 000, Changed: per environment one instance of the worker module (rendered o
 host), which holds one instance of the host's service module (no load balancer route,
 rollouts capped at the desired count, a log group with retention, autoscaling behind
 `autoscaling_enabled`, the running-tasks-below-desired alarm on the alarm topic), the
-queue metrics, backlog scaling and alarms; every setting passed as a variable or wired as a
-secret; `moved` blocks carry the state of the long worker files before the module
-(docs/decisions/0031) and `terraform plan` on it changes nothing more than before; the staging
+queue metrics, backlog scaling and alarms, and the settings' defaults; each environment's
+shared inputs once (`workers.tf`); every setting passed as a variable or wired as a secret;
+the `moved` blocks the update from before 0.2 writes carry the state of the long worker
+files before the module (docs/decisions/0031) and `terraform plan` on it changes nothing
+more than before; the staging
 workflow builds, pushes and records the image by commit, production promotes that digest
 and never rebuilds; with `container: true` a compose service; the image itself.
 
@@ -174,6 +176,12 @@ def _service(host: Path) -> dict[str, Any]:
     return modules["service"]
 
 
+def _platform(host: Path, env: str) -> dict[str, Any]:
+    """The environment's `local.worker_platform` (workers.tf, the namespace owner's)."""
+    with (host / f"deployment/terraform/environments/{env}/workers.tf").open() as handle:
+        return dict(_locals(hcl2.load(handle))["worker_platform"])
+
+
 def _parsed_worker(host: Path, env: str, answers: dict[str, Any]) -> dict[str, Any]:
     with _worker_tf(host, env, answers).open(encoding="utf-8") as handle:
         return hcl2.load(handle)
@@ -216,11 +224,35 @@ def test_one_worker_module_instance_per_file(host: Path, env: str, answers: dict
     instance = _instance(host, env, answers)
     assert _unquote(instance["source"]) == "../../modules/worker"
     assert _unquote(instance["name"]) == answers["worker_name"]
-    assert instance["environment"] == "${local.environment}"
-    assert _unquote(instance["settings_prefix"]) == _prefix(answers)
+    assert instance["platform"] == "${local.worker_platform}"
     _inputs_match(instance, host / WORKER_MODULE_DIR)
-    # the worker file declares its image variable and locals, the module and moves: no resource
-    assert "resource" not in _parsed_worker(host, env, answers)
+    # the worker file declares its image variable and the module instance: no resource, no
+    # locals, and no moves (an update from before the module writes those: test below)
+    assert set(_parsed_worker(host, env, answers)) - {"__comments__"} == {"variable", "module"}
+    assert not list(_worker_tf(host, env, answers).parent.glob("*.moved.tf"))
+
+
+@pytest.mark.parametrize("env", ENVIRONMENTS)
+def test_the_workers_share_one_platform_per_environment(host: Path, env: str) -> None:
+    """workers.tf (the namespace owner's) bundles what every worker's instance passes alike."""
+    platform = _platform(host, env)
+    assert platform == {
+        "environment": "${local.environment}",
+        "cluster_arn": "${var.cluster_arn}",
+        "cluster_name": "${var.cluster_name}",
+        "subnet_ids": "${var.private_subnet_ids}",
+        "security_group_ids": "${var.task_security_group_ids}",
+        "execution_role_arn": "${var.execution_role_arn}",
+        "task_role_arn": "${var.task_role_arn}",
+        "autoscaling_enabled": "${var.autoscaling_enabled}",
+        "alarm_topic_arn": "${aws_sns_topic.alarms.arn}",
+        "environment_variables": "${local.shared_environment}",
+        "secrets": "${local.shared_secrets}",
+    }
+    variable = _labelled(_worker_module(host)["variable"])["platform"]
+    assert "object" in str(variable["type"])
+    for name in platform:
+        assert name in str(variable["type"]), name
 
 
 def test_one_service_module_instance_without_a_load_balancer_route(host: Path) -> None:
@@ -228,11 +260,12 @@ def test_one_service_module_instance_without_a_load_balancer_route(host: Path) -
     assert _unquote(instance["source"]) == "../service"
     assert instance["name"] == "${var.name}"
     assert "load_balancer" not in instance
-    assert instance["environment"] == "${var.environment}"
+    assert instance["environment"] == "${var.platform.environment}"
     assert [_unquote(c) for c in instance["command"]] == ["serve"]
     _inputs_match(instance, host / MODULE_DIR)
-    for name in ("desired_count", "max_count", "log_retention_days", "autoscaling_enabled"):
+    for name in ("desired_count", "max_count", "log_retention_days"):
         assert instance[name] == f"${{var.{name}}}", name
+    assert instance["autoscaling_enabled"] == "${var.platform.autoscaling_enabled}"
     # a worker has no route: the module creates its target group and rule only with one
     variables = _labelled(_hcl_folder(host / MODULE_DIR)["variable"])
     module = _resources(_hcl_folder(host / MODULE_DIR))
@@ -277,7 +310,7 @@ def test_autoscaling_tracks_a_target_behind_the_root_switch(
     host: Path, env: str, answers: dict[str, Any]
 ) -> None:
     instance = _instance(host, env, answers)
-    assert instance["autoscaling_enabled"] == "${var.autoscaling_enabled}"
+    assert _platform(host, env)["autoscaling_enabled"] == "${var.autoscaling_enabled}"
     assert instance["max_count"] > instance["desired_count"]
     root = _labelled(
         _hcl_folder(host / f"deployment/terraform/environments/{env}", skip="")["variable"]
@@ -297,16 +330,15 @@ def test_autoscaling_tracks_a_target_behind_the_root_switch(
 def test_running_below_desired_alarm_notifies_the_alarm_topic(
     host: Path, env: str, answers: dict[str, Any]
 ) -> None:
-    instance = _instance(host, env, answers)
-    assert instance["alarm_topic_arn"] == "${aws_sns_topic.alarms.arn}"
-    assert _service(host)["alarm_topic_arn"] == "${var.alarm_topic_arn}"
+    assert _platform(host, env)["alarm_topic_arn"] == "${aws_sns_topic.alarms.arn}"
+    assert _service(host)["alarm_topic_arn"] == "${var.platform.alarm_topic_arn}"
     root = _resources(_hcl_folder(host / f"deployment/terraform/environments/{env}"))
     assert "aws_sns_topic.alarms" in root
     alarm = _resources(_hcl_folder(host / MODULE_DIR))[
         "aws_cloudwatch_metric_alarm.running_below_desired"
     ]
     assert "count" not in alarm, "the alarm exists for every process"
-    assert alarm["alarm_actions"] == ["${var.alarm_topic_arn}"]
+    assert alarm["alarm_actions"] == ["${var.alarm_topic_arn}"]  # the service module's own
     assert _unquote(alarm["comparison_operator"]) == "LessThanThreshold"
     metrics = {
         _unquote(q["metric"][0]["metric_name"]) for q in alarm["metric_query"] if "metric" in q
@@ -315,8 +347,9 @@ def test_running_below_desired_alarm_notifies_the_alarm_topic(
 
 
 RUNTIME_QUEUE_STATS = "workers/runtime/src/acme/workers/runtime/queue_stats.py"
-TOPIC = "${var.alarm_topic_arn}"
-SWITCH = "${var.autoscaling_enabled ? 1 : 0}"
+TOPIC = "${var.platform.alarm_topic_arn}"
+SWITCH = "${var.platform.autoscaling_enabled ? 1 : 0}"
+OLD_SWITCH = "${var.autoscaling_enabled ? 1 : 0}"  # the worker file's, before the module
 NAMESPACE_SWITCH = "${var.namespace_alarms ? 1 : 0}"
 # The alarms on the topic: every worker's, and the database's and the outbox's, which only
 # the instance of the worker that owns the work namespace (the first) turns on.
@@ -349,7 +382,7 @@ def _worker_resources(host: Path, kind: str) -> dict[str, Any]:
     return {k.removeprefix(f"{kind}."): v for k, v in resources.items() if k.startswith(kind)}
 
 
-LANE = '${var.environment_variables["${var.settings_prefix}LANE"]}'
+LANE = '${local.settings["LANE"]}'
 
 
 @pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
@@ -369,7 +402,9 @@ def test_metric_filters_read_the_fields_the_loop_logs_from_the_modules_log_group
     for metric in metrics.values():  # a duration field carries its unit, and so its metric
         field, unit = _unquote(metric["field"]), _unquote(metric["unit"])
         assert field.endswith("_s") == (unit == "Seconds"), field
-    assert _unquote(own["metric_namespace"]) == "acme/${var.environment}/workers/${var.name}"
+    assert (
+        _unquote(own["metric_namespace"]) == "acme/${var.platform.environment}/workers/${var.name}"
+    )
     assert own["lane"] == LANE
     [(name, log_filter)] = _worker_resources(host, "aws_cloudwatch_log_metric_filter").items()
     assert name == "queue_stats"
@@ -432,20 +467,19 @@ def test_backlog_scaling_exists_only_behind_the_autoscaling_switch(
     for name, policy in policies.items():
         assert policy["count"] == SWITCH, name
         assert _unquote(policy["resource_id"]) == (
-            "service/${var.cluster_name}/${module.service.service_name}"
+            "service/${var.platform.cluster_name}/${module.service.service_name}"
         )
         assert _unquote(policy["scalable_dimension"]) == "ecs:service:DesiredCount"
         assert _unquote(policy["service_namespace"]) == "ecs"
         # the module creates the scalable target (docs/host-contract.md)
         assert policy["depends_on"] == ["${module.service}"], name
-    assert _instance(host, env, answers)["autoscaling_enabled"] == "${var.autoscaling_enabled}"
+    assert _platform(host, env)["autoscaling_enabled"] == "${var.autoscaling_enabled}"
     tracking = policies["backlog"]
     assert _unquote(tracking["policy_type"]) == "TargetTrackingScaling"
     [config] = tracking["target_tracking_scaling_policy_configuration"]
     assert config["target_value"] == "${local.backlog_per_task_items}"
     own = _locals(_worker_module(host))
-    capacity = 'var.environment_variables["${var.settings_prefix}CAPACITY"]'
-    assert own["capacity_items"] == f"${{tonumber({capacity})}}"
+    assert own["capacity_items"] == '${tonumber(local.settings["CAPACITY"])}'
     assert own["backlog_per_task_items"] == "${local.capacity_items}"
     [spec] = config["customized_metric_specification"]
     queries = {_unquote(q["id"]): q for q in spec["metrics"]}
@@ -484,40 +518,49 @@ def test_backlog_scaling_exists_only_behind_the_autoscaling_switch(
 
 @pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
 def test_every_setting_is_passed_or_wired_as_a_secret(
-    host: Path, env: str, answers: dict[str, Any]
+    host: Path, env: str, answers: dict[str, Any], tmp_path: Path
 ) -> None:
-    parsed = _parsed_worker(host, env, answers)
+    """Every field of the worker's settings reaches the task under its frozen name,
+    `<PREFIX><FIELD>`: the module's defaults, the worker file's `settings` on top."""
     instance = _instance(host, env, answers)
-    module, prefix = _module(answers), _prefix(answers)
-    own = _locals(parsed)
-    assert (
-        instance["environment_variables"]
-        == f"${{merge(local.shared_environment, local.{module}_environment)}}"
-    )
-    environment = {k: _unquote(v) for k, v in own[f"{module}_environment"].items()}
+    own = _locals(_worker_module(host))
+    defaults = {k: _unquote(v) for k, v in own["default_settings"].items()}
+    overrides = {k: _unquote(v) for k, v in instance["settings"].items()}
     lane = answers.get("lane", "default")
+    assert overrides == {"LANE": lane, "CAPACITY": "10"}
     expected = {}
     for field, local in patcher.WORKER_SETTINGS:
         if field not in DEPLOYED:
-            expected[f"{prefix}{field.upper()}"] = local.format(lane=lane, metrics_port="")
-    assert {k: v for k, v in environment.items() if k in expected} == expected
-    assert set(environment) == {f"{prefix}{f.upper()}" for f, _ in patcher.WORKER_SETTINGS}
-    assert environment[f"{prefix}METRICS_HOST"] == "0.0.0.0"
-    assert environment[f"{prefix}METRICS_PORT"] == f"${{tostring(local.{module}_metrics_port)}}"
-    assert own[f"{module}_metrics_port"] == deploy.CONTAINER_METRICS_PORT
-    assert instance["metrics_port"] == f"${{local.{module}_metrics_port}}"
+            expected[field.upper()] = local.format(lane="default", metrics_port="")
+    assert {k: v for k, v in defaults.items() if k in expected} == expected
+    assert set(defaults) == {f.upper() for f, _ in patcher.WORKER_SETTINGS}
+    assert defaults["METRICS_HOST"] == "0.0.0.0"
+    assert defaults["METRICS_PORT"] == "${tostring(var.metrics_port)}"
+    variables = _labelled(_worker_module(host)["variable"])
+    assert variables["metrics_port"]["default"] == deploy.CONTAINER_METRICS_PORT
+    assert "metrics_port" not in instance, "the image exposes the same port for every worker"
+    assert defaults["RELEASE"] == '${substr(split("@sha256:", var.image)[1], 0, 12)}'
+    assert own["settings"] == "${merge(local.default_settings, var.settings)}"
+    # the prefix the module derives from the name is the one the worker reads
+    prefix = _console(own["settings_prefix"].replace("var.name", f'"{answers["worker_name"]}"'),
+                      tmp_path)  # fmt: skip
+    assert prefix == f'"{_prefix(answers)}"'
+    merged = own["environment_variables"]
+    assert merged.startswith("${merge(var.platform.environment_variables,"), merged
+    assert '"${local.settings_prefix}${field}" => value' in merged, merged
     service = _service(host)
     assert service["container_port"] == "${var.metrics_port}"
-    assert service["environment_variables"] == "${var.environment_variables}"
-    assert service["secrets"] == "${var.secrets}"
-    assert environment[f"{prefix}RELEASE"] == f"${{local.{module}_release}}"
+    assert service["environment_variables"] == "${local.environment_variables}"
+    assert service["secrets"] == "${var.platform.secrets}"
     # the database and Redis URLs never in plain settings: secrets from the secret store
-    assert instance["secrets"] == "${local.shared_secrets}"
+    platform = _platform(host, env)
+    assert platform["secrets"] == "${local.shared_secrets}"
+    assert platform["environment_variables"] == "${local.shared_environment}"
     root = _locals(_hcl_folder(host / f"deployment/terraform/environments/{env}"))
     secrets = root["shared_secrets"]
     assert secrets["ACME_DATABASE_URL"] == "${var.database_url_secret_arn}"
     assert secrets["ACME_REDIS_URL"] == "${var.redis_url_secret_arn}"
-    plain = set(environment) | set(root["shared_environment"])
+    plain = {_prefix(answers) + k for k in defaults} | set(root["shared_environment"])
     assert not {k for k in plain if k.endswith(("_URL", "_DSN", "_PASSWORD", "_TOKEN"))}
 
 
@@ -555,20 +598,21 @@ def _console(expression: str, tmp_path: Path) -> str:
     return done.stdout.strip()
 
 
-@pytest.mark.parametrize("env", ENVIRONMENTS)
-def test_image_must_be_pinned_by_digest_and_names_the_release(
-    host: Path, env: str, tmp_path: Path
-) -> None:
-    parsed = _parsed_worker(host, env, FIRST)
-    variable = _labelled(parsed["variable"])["shipment_notifier_image"]
+def test_image_must_be_pinned_by_digest_and_names_the_release(host: Path, tmp_path: Path) -> None:
+    """The worker module refuses an image by tag, and reports the digest's start as the
+    release; each worker file passes its own image variable, which the workflow sets."""
+    variable = _labelled(_worker_module(host)["variable"])["image"]
     condition = variable["validation"][0]["condition"][2:-1]
-    release = _locals(parsed)["shipment_notifier_release"][2:-1]
+    release = _locals(_worker_module(host))["default_settings"]["RELEASE"][2:-1]
     tag = DIGEST.split("@")[0] + ":latest"
     for ref, expected in ((DIGEST, "true"), (tag, "false"), ("@sha256:" + "ab" * 32, "false")):
-        literal = condition.replace("var.shipment_notifier_image", f'"{ref}"')
+        literal = condition.replace("var.image", f'"{ref}"')
         assert _console(literal, tmp_path) == expected, ref
-    value = _console(release.replace("var.shipment_notifier_image", f'"{DIGEST}"'), tmp_path)
+    value = _console(release.replace("var.image", f'"{DIGEST}"'), tmp_path)
     assert value == '"' + "ab" * 6 + '"'
+    for env, answers in ALL:
+        image = f"${{var.{_module(answers)}_image}}"
+        assert _instance(host, env, answers)["image"] == image
 
 
 def test_environments_differ_only_in_sizes(host: Path) -> None:
@@ -577,6 +621,7 @@ def test_environments_differ_only_in_sizes(host: Path) -> None:
     differing = {k for k in staging if staging[k] != production.get(k)}
     assert differing == {"desired_count", "log_retention_days", "max_count"}
     assert production["desired_count"] >= staging["desired_count"]
+    assert _platform(host, "staging") == _platform(host, "production")
 
 
 # --- the move into the worker module (docs/decisions/0031) ---------------------------------
@@ -589,6 +634,7 @@ OLD_WORKER_TF = (
 )
 PLUGINS = "/opt/tf-plugins"
 naming = load_extension("naming")
+lifecycle = load_extension("lifecycle")
 
 
 def _old_worker_tf(commit: str, env: str, answers: dict[str, Any], *, owner: bool) -> str:
@@ -623,11 +669,12 @@ def test_every_old_address_moves_into_the_worker_module(
 ) -> None:
     """Each address the worker file declared before the module has a `moved` block to an
     address the module declares, with the same count or for_each (keys kept), so an
-    updated host's plan moves state instead of destroying and recreating."""
+    updated host's plan moves state instead of destroying and recreating. The blocks are
+    those the update from before 0.2 writes (copier.yml's v0.2.0 `terraform-moves`)."""
     owner = answers is FIRST
     old = hcl2.loads(_old_worker_tf(commit, env, answers, owner=owner))
-    moves = _moves(_parsed_worker(host, env, answers))
     module = _module(answers)
+    moves = _moves(hcl2.loads(lifecycle.terraform_moves(answers["worker_name"], module, owner)))
     prefix = f"module.worker_{module}."
     inside = _addresses(_worker_module(host))
     old_metrics = _locals(old).get(f"{module}_queue_metrics")
@@ -649,7 +696,7 @@ def test_every_old_address_moves_into_the_worker_module(
             assert _locals(_worker_module(host))["queue_metrics"] == old_metrics
             assert not key
         elif "count" in body:
-            assert body["count"] == new["count"] == SWITCH and not key
+            assert body["count"] == OLD_SWITCH and new["count"] == SWITCH and not key
         else:  # one instance before; the module's count is 1 for this worker
             assert not key or (key == "0]" and new["count"] == NAMESPACE_SWITCH and owner), target
             assert "count" not in new or key == "0]"
@@ -765,10 +812,39 @@ def test_plan_after_the_update_destroys_nothing_and_changes_no_value(
     """The staging folder before the module (both workers' old files, autoscaling on), its
     plan turned into a state; the folder after it, planned on that state: no resource is
     created or destroyed, each of the workers' resources is found at its old address, and
-    every planned value (alarm and metric names included) is the old plan's."""
+    every planned value (alarm and metric names and the task's settings included) is the old
+    plan's. The folder after it is an updated host's: the fresh rendering and the moves the
+    v0.2.0 migration writes (`lifecycle.py terraform-moves`), which the plan needs."""
     env = "staging"
-    new = tmp_path / "after"
-    shutil.copytree(host / TERRAFORM_DIR, new, ignore=shutil.ignore_patterns(".terraform*"))
+    root = tmp_path / "updated"
+    shutil.copytree(
+        host / TERRAFORM_DIR, root / TERRAFORM_DIR, ignore=shutil.ignore_patterns(".terraform*")
+    )
+    for answers in WORKERS:
+        answers_file = f"workers/{answers['worker_name']}/.copier-answers.yml"
+        (root / answers_file).parent.mkdir(parents=True)
+        shutil.copy(host / answers_file, root / answers_file)
+    git(root, "init", "-q", "-b", "main")
+    for answers in WORKERS:
+        answers_file = f"workers/{answers['worker_name']}/.copier-answers.yml"
+        done = lifecycle.main(
+            ["terraform-moves", "--answers-file", answers_file, "--host", str(root)]
+        )
+        assert done == 0
+        written = (
+            root / TERRAFORM_DIR / "environments" / env / f"worker_{_module(answers)}.moved.tf"
+        )
+        assert written.is_file()
+        check = _run(TERRAFORM, "fmt", "-check", "-diff", str(written), cwd=root)
+        assert check.returncode == 0, check.stdout + check.stderr
+        # written once: a second run (or a later update) leaves the file as it is
+        written.write_text(written.read_text() + "# ours\n")
+        assert (
+            lifecycle.main(["terraform-moves", "--answers-file", answers_file, "--host", str(root)])
+            == 0
+        )
+        assert written.read_text().endswith("}\n# ours\n")
+    new = root / TERRAFORM_DIR
     old = tmp_path / "before"
     shutil.copytree(REFERENCE_HOST / TERRAFORM_DIR, old)
     for answers in WORKERS:
@@ -817,6 +893,14 @@ def test_a_worker_other_than_the_owner_is_refused_without_the_worker_module(
     )
     assert deploy.check_terraform(tmp_path, spec) == [refusal]
     owner = dataclasses.replace(spec, namespace_absent=True)
+    assert deploy.check_terraform(tmp_path, owner) == []
+    # each environment's workers.tf, the owner's too
+    (tmp_path / TERRAFORM_DIR / "environments/staging/workers.tf").unlink()
+    missing = (
+        f"{TERRAFORM_DIR}/environments/staging/workers.tf: the workers' shared inputs do not "
+        "exist (the worker that owns the work namespace renders them: update that worker first)"
+    )
+    assert deploy.check_terraform(tmp_path, spec) == [refusal, missing]
     assert deploy.check_terraform(tmp_path, owner) == []
 
 

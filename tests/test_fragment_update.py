@@ -11,8 +11,10 @@ scripted releases:
 
 The invariant (docs/updating.md): for a host nobody edited, copying at version N and
 updating to N+1 gives, byte for byte, the host a copy at N+1 gives, over every file except
-the user's own (the handler, its test, the payload model). Answers fixed at the first copy
-(`migration_stamp`, `queue_down_revision`) are given to the fresh copy as recorded.
+the user's own (the handler, its test, the payload model) and, from 0.1.0, the Terraform
+state moves the update writes (`worker_<module>.moved.tf`, which a fresh copy does not
+need). Answers fixed at the first copy (`migration_stamp`, `queue_down_revision`) are
+given to the fresh copy as recorded.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ B = {
 C = {"worker_name": "ledger-sweeper", "work_kind": "NOOP"}
 WORKERS = [A, B, C]
 USER_OWNED = ("/handler.py", "/test_handler.py", "/om/work/types/payloads/")
+# What the update from before 0.2 writes and a fresh copy has no use for: each worker's
+# Terraform state moves, `environments/<env>/worker_<module>.moved.tf` (copier.yml's v0.2.0
+# `terraform-moves`; no state predates a fresh copy). The user's from then on.
+MIGRATION_WRITTEN = ".moved.tf"
+lifecycle = load_extension("lifecycle")
 FIXED = ("migration_stamp", "queue_down_revision")
 QDR = "queue_down_revision"  # recorded by every worker; only the namespace owner's is used
 
@@ -173,7 +180,7 @@ def host_files(host: Path) -> dict[str, bytes]:
         rel = str(path.relative_to(host))
         if not path.is_file() or ".git" in path.relative_to(host).parts:
             continue
-        if any(mark in f"/{rel}" for mark in USER_OWNED):
+        if any(mark in f"/{rel}" for mark in USER_OWNED) or rel.endswith(MIGRATION_WRITTEN):
             continue
         data = path.read_bytes()
         if path.name == ".copier-answers.yml" and b"namespace_absent: false" in data:
@@ -242,6 +249,23 @@ def test_an_update_from_the_0_1_0_release_equals_a_fresh_copy(
     update_all(host, "v0.2.0", WORKERS[:1])
     fresh = fresh_copy(history, tmp_path / "fresh", "v0.2.0", host, WORKERS[:1])
     assert differences(host, fresh) == ""
+    # apart from the Terraform state moves, which only the updated host has (and needs)
+    modules = [str(answers["worker_name"]).replace("-", "_") for answers in WORKERS[:count]]
+    moves = f"deployment/terraform/environments/*/*{MIGRATION_WRITTEN}"
+    assert sorted(str(p.relative_to(host)) for p in host.glob(moves)) == sorted(
+        f"deployment/terraform/environments/{env}/worker_{module}{MIGRATION_WRITTEN}"
+        for env in ("production", "staging")
+        for module in modules
+    )
+    assert not list(fresh.glob(moves))
+    for answers in WORKERS[:count]:
+        module = str(answers["worker_name"]).replace("-", "_")
+        expected = lifecycle.terraform_moves(
+            str(answers["worker_name"]), module, answers is WORKERS[0]
+        )
+        for env in ("production", "staging"):
+            path = host / f"deployment/terraform/environments/{env}/worker_{module}.moved.tf"
+            assert path.read_text(encoding="utf-8") == expected
 
 
 def test_three_workers_follow_every_release_text_added_and_removed_fragments(

@@ -175,6 +175,9 @@ def test_second_worker_adds_its_kind_only(host: Path) -> None:
     module = host / "deployment/terraform/modules/worker/main.tf"  # the first worker renders it
     module.parent.mkdir(parents=True)
     module.write_text("# the worker module\n")
+    for env in ("staging", "production"):  # and each environment's shared inputs
+        shared = host / f"deployment/terraform/environments/{env}/workers.tf"
+        shared.write_text("locals {\n  worker_platform = {}\n}\n")
     commit_all(host, "first worker")
     assert patcher.check_host(host, SECOND) == []
     changed = patcher.apply(host, SECOND)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from conftest import (
     copy_host,
     git,
     host_gate,
+    load_extension,
     release_history,
     tree_state,
     uv_sync,
@@ -260,3 +262,114 @@ def test_a_worker_updated_before_the_owner_waits_for_it_with_nothing_written(
     commit_all(host, "the owner")
     update(host, "invoice-mailer", "v0.2.0")
     assert "WORKER = Worker(" in (host / PKG_B / "loop.py").read_text()
+
+
+# --- the Terraform files across 0.2 (docs/decisions/0031) ---------------------------------------
+
+TF = "deployment/terraform/environments/{env}/worker_shipment_notifier.tf"
+TERRAFORM = "/usr/local/bin/terraform"
+lifecycle = load_extension("lifecycle")
+
+
+def test_terraform_edits_of_settings_and_sizes_are_carried_into_the_instance(host: Path) -> None:
+    """A settings value and a size the user changed in the long 0.1.0 file land in the short
+    instance (`settings`, the size line), with no conflict; the rest is the new rendering,
+    and the state moves are written beside it."""
+    staging, production = (host / TF.format(env=env) for env in ("staging", "production"))
+    _edit(staging, 'POLL_INTERVAL           = "2"', 'POLL_INTERVAL           = "1"')
+    _edit(staging, "  max_count           = 2\n", "  max_count           = 3\n")
+    _edit(production, "  log_retention_days = 90\n", "  log_retention_days = 180\n")
+    commit_all(host, "our Terraform edits")
+
+    update(host, "shipment-notifier", "v0.2.0")
+
+    text = staging.read_text()
+    assert re.search(r'(?m)^    POLL_INTERVAL = "1"$', text), text
+    assert re.search(r"(?m)^  max_count +\= 3$", text), text
+    assert "<<<<<<<" not in text and "SHIPMENT_NOTIFIER_" not in text.split('module "worker_')[1]
+    other = production.read_text()
+    assert re.search(r"(?m)^  log_retention_days = 180$", other), other
+    assert "POLL_INTERVAL" not in other and re.search(r"(?m)^  max_count +\= 8$", other)
+    done = subprocess.run(
+        [TERRAFORM, "fmt", "-check", "-diff", "-recursive", "deployment/terraform"],
+        cwd=host, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (staging.parent / "worker_shipment_notifier.moved.tf").is_file()
+    assert git(host, "diff", "--cached", "--name-only") == "", "the index is HEAD's again"
+
+
+def test_a_terraform_edit_the_module_owns_now_stops_the_update_naming_the_file(
+    host: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    staging = TF.format(env="staging")
+    _edit(
+        host / staging,
+        "deployment_minimum_healthy_percent = 50",
+        "deployment_minimum_healthy_percent = 100",
+    )
+    commit_all(host, "our rollout tweak")
+    head = git(host, "rev-parse", "HEAD")
+
+    with pytest.raises(TaskError):  # the migration's exit 1
+        update(host, "shipment-notifier", "v0.2.0")
+
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("deploy")]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{staging}: you changed it since template ")
+    assert "its line `deployment_minimum_healthy_percent = 100` is the module's now" in lines[0]
+    assert "Nothing was updated." in lines[0]
+    assert tree_state(host) == ""
+    assert git(host, "rev-parse", "HEAD") == head
+    assert not (host / "deployment/terraform/modules/worker").exists()
+
+
+OLD = """\
+locals {
+  x_environment = {
+    X_LANE     = "default"
+    X_CAPACITY = "4"
+    X_RELEASE  = local.x_release
+  }
+}
+
+module "x" {
+  desired_count = 1
+  max_count     = 2
+}
+"""
+NEW = """\
+module "worker_x" {
+  desired_count      = 1
+  max_count          = 2
+  log_retention_days = 14
+  settings = {
+    LANE     = "default"
+    CAPACITY = "10"
+  }
+}
+"""
+
+
+def test_terraform_edits_carry_values_and_refuse_the_rest() -> None:
+    user = OLD.replace('"4"', '"6"').replace("= 2", "= 5")
+    user = user.replace("    X_RELEASE", '    X_SMTP_HOST = "mail"\n    X_RELEASE')
+    edits = lifecycle.terraform_edits(OLD, user, "X_")
+    assert edits.settings == {"CAPACITY": '"6"', "SMTP_HOST": '"mail"'}
+    assert edits.sizes == {"max_count": "5"}
+    assert lifecycle.apply_terraform_edits(NEW, edits) == NEW.replace(
+        "max_count          = 2", "max_count          = 5"
+    ).replace(
+        '    LANE     = "default"\n    CAPACITY = "10"\n',
+        '    LANE      = "default"\n    CAPACITY  = "6"\n    SMTP_HOST = "mail"\n',
+    )
+    assert lifecycle.terraform_edits(OLD, OLD, "X_").empty
+    refused = {
+        "an expression": OLD.replace('"4"', "var.capacity"),
+        "a removed setting": OLD.replace('    X_CAPACITY = "4"\n', ""),
+        "another line": OLD.replace('module "x" {', 'module "x" {\n  command = []'),
+    }
+    for what, text in refused.items():
+        with pytest.raises(ValueError):
+            lifecycle.terraform_edits(OLD, text, "X_")
+            pytest.fail(what)
