@@ -264,6 +264,8 @@ def shipped_at(commit: str) -> tuple[str, str] | None:
     source = _git(repo, "show", f"{commit}:extensions/lifecycle.py")
     if helper.returncode != 0 or source.returncode != 0:
         return None
+    # the sibling loader beside it, in the versions that read one (extensions/siblings.py)
+    siblings = _git(repo, "show", f"{commit}:extensions/siblings.py")
     digest = hashlib.sha1(source.stdout.encode()).hexdigest()[:12]
     key = f"_worker_template_shipped_{digest}"
     module = sys.modules.get(key)
@@ -271,6 +273,8 @@ def shipped_at(commit: str) -> tuple[str, str] | None:
         with tempfile.TemporaryDirectory(prefix="worker-template-shipped-") as tmp:
             path = Path(tmp) / "lifecycle.py"
             path.write_text(source.stdout, encoding="utf-8")
+            if siblings.returncode == 0:
+                path.with_name("siblings.py").write_text(siblings.stdout, encoding="utf-8")
             spec = importlib.util.spec_from_file_location(key, path)
             if spec is None or spec.loader is None:
                 return None

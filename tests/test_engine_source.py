@@ -47,6 +47,10 @@ def test_the_engine_holds_no_jinja_and_every_source_is_rendered_or_engine_only()
 HOST_TESTS = {
     "om/tests/work_fixtures.py",
     "om/tests/contracts/work_storage.py",
+    "om/tests/contracts/work_storage_base.py",
+    "om/tests/contracts/work_storage_claim.py",
+    "om/tests/contracts/work_storage_rows.py",
+    "om/tests/contracts/work_storage_sweep.py",
     "om/tests/unit/test_work_storage.py",
     "om/tests/integration/test_work_storage_postgres.py",
     "om/tests/unit/test_work_manager.py",

@@ -61,6 +61,10 @@ NAMESPACE_FILES = [
     )
 ] + [
     "om/tests/contracts/work_storage.py",
+    "om/tests/contracts/work_storage_base.py",
+    "om/tests/contracts/work_storage_claim.py",
+    "om/tests/contracts/work_storage_rows.py",
+    "om/tests/contracts/work_storage_sweep.py",
     "om/tests/unit/test_work_storage.py",
     "om/tests/integration/test_work_storage_postgres.py",
     "om/tests/unit/test_work_manager.py",
