@@ -68,23 +68,14 @@ INFRA_FIELDS = (
 # the file unchanged is the file's own; GitHub's and compose's docs use the first.
 _STYLES = ((2, 4, 2), (2, 2, 0), (4, 6, 4), (4, 4, 0))
 # The worker's Terraform files, one per environment, in the template (rendered by copier).
-TEMPLATE_TERRAFORM = (
-    Path(__file__).resolve().parents[1]
-    / "template"
-    / TERRAFORM
-    / "environments"
-    / "{env}"
-    / "worker_{{ worker_module }}.tf.jinja"
+_TEMPLATE_ENVIRONMENTS = (
+    Path(__file__).resolve().parents[1] / "template" / TERRAFORM / "environments"
 )
+TEMPLATE_TERRAFORM = _TEMPLATE_ENVIRONMENTS / "{env}" / "worker_{{ worker_module }}.tf.jinja"
 # What every worker's instance shares in one environment (`local.worker_platform`), rendered
 # once per host with the namespace owner, beside those files.
 TEMPLATE_WORKERS_TERRAFORM = (
-    Path(__file__).resolve().parents[1]
-    / "template"
-    / TERRAFORM
-    / "environments"
-    / "{env}"
-    / "{% if namespace_absent %}workers.tf{% endif %}.jinja"
+    _TEMPLATE_ENVIRONMENTS / "{env}" / "{% if namespace_absent %}workers.tf{% endif %}.jinja"
 )
 # The worker module those files instantiate, rendered once per host with the namespace owner;
 # its `module "service"` block is what the host's service module must declare.

@@ -546,6 +546,66 @@ def _carry_one(carry: ModuleType, path: str, old: str, user: str) -> Any:
     raise ValueError(f"carry: no carry for {path} (settings.py and container.py only)")
 
 
+class CarryRefused(Exception):
+    """An edit that cannot be carried: before the update, the whole line to print; after
+    it, the reason the new version cannot take it."""
+
+
+def _carry_across(
+    host: Path,
+    before: dict[str, Any],
+    ref: str,
+    users: dict[str, str],
+    stage: str,
+    read: Callable[[str, str, str], Any],
+    apply: Callable[[str, str, Any], str],
+) -> Retired:
+    """The two stages of a carry over `users` (path -> the user's text at HEAD).
+
+    Each path the user edited (against the old template's rendering at `ref`) gives its
+    edits by `read(path, old, user)` (None: nothing to carry). Before: the file goes back
+    to the old rendering in the working tree and the index, so copier's merge writes the
+    new version clean. After: `apply(path, new, edits)` puts the edits into what copier
+    wrote, and the index goes back to HEAD. A `CarryRefused` stops the update."""
+    done: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="worker-template.carry.") as tmp:
+        old = Path(tmp) / "old"
+        render_old(before, str(before.get("_src_path", "")), ref, old)
+        for path, user in users.items():
+            base = old / path
+            if not base.is_file() or base.read_text(encoding="utf-8") == user:
+                continue
+            try:
+                edits = read(path, base.read_text(encoding="utf-8"), user)
+            except CarryRefused as refused:
+                return Retired(False, str(refused))
+            if edits is None:
+                continue
+            target = host / path
+            if stage == "before":
+                target.write_text(base.read_text(encoding="utf-8"), encoding="utf-8")
+                _git(host, "add", "--", path)
+            elif target.is_file():
+                _git(host, "reset", "-q", "--", path)
+                try:
+                    carried = apply(path, target.read_text(encoding="utf-8"), edits)
+                except CarryRefused as refused:
+                    return Retired(
+                        False,
+                        f"{path}: your edits could not be carried into the new version "
+                        f"({refused}); they are in `git show HEAD:{path}`: put them back by "
+                        "hand, or undo the update with `git checkout -- . && git clean -fd`",
+                    )
+                target.write_text(carried, encoding="utf-8")
+            else:
+                continue
+            done.append(path)
+    if not done:
+        return Retired(True, "skipped: no edits to carry")
+    verb = "will carry your edits of" if stage == "before" else "carried your edits into"
+    return Retired(True, f"{verb} {', '.join(done)}")
+
+
 def carry_edits(
     host: Path, answers_file: str, patterns: list[str], ref_from: str, stage: str
 ) -> Retired:
@@ -573,55 +633,28 @@ def carry_edits(
     carry = _sibling("carry")
     root = str(before.get("host_root", ""))
     length = int(_sibling("patcher").line_length(host))
-    done: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="worker-template.carry.") as tmp:
-        old = Path(tmp) / "old"
-        render_old(
-            before,
-            str(before.get("_src_path", "")),
-            ref_from or str(before.get("_commit", "")),
-            old,
-        )
-        for path in present:
-            base = old / path
-            user = users[path].stdout
-            if not base.is_file() or base.read_text(encoding="utf-8") == user:
-                continue
-            try:
-                edits = _carry_one(carry, path, base.read_text(encoding="utf-8"), user)
-            except carry.Unsupported as exc:
-                return Retired(
-                    False,
-                    f"{path}: {exc}. Nothing was updated. Undo that change (or move it by hand "
-                    "after the update), commit, and run the update again.",
-                )
-            if edits.empty:
-                continue
-            if stage == "before":
-                (host / path).write_text(base.read_text(encoding="utf-8"), encoding="utf-8")
-                _git(host, "add", "--", path)
-                done.append(path)
-                continue
-            target = host / path
-            if not target.is_file():
-                continue
-            apply = carry.apply_settings if path.endswith("/settings.py") else carry.apply_container
-            _git(host, "reset", "-q", "--", path)
-            try:
-                carried = apply(target.read_text(encoding="utf-8"), edits, root, length)
-            except carry.Unsupported as exc:  # the new version is not the shape expected
-                return Retired(
-                    False,
-                    f"{path}: your edits could not be carried into the new version ({exc}); "
-                    f"they are in `git show HEAD:{path}`: put them back by hand, or undo the "
-                    "update with `git checkout -- . && git clean -fd`",
-                )
-            target.write_text(carried, encoding="utf-8")
-            done.append(path)
-    if not done:
-        return Retired(True, "skipped: no edits to carry")
-    verb = "will carry your edits of" if stage == "before" else "carried your edits into"
-    return Retired(True, f"{verb} {', '.join(done)}")
+
+    def read(path: str, old: str, user: str) -> Any:
+        try:
+            edits = _carry_one(carry, path, old, user)
+        except carry.Unsupported as exc:
+            raise CarryRefused(
+                f"{path}: {exc}. Nothing was updated. Undo that change (or move it by hand "
+                "after the update), commit, and run the update again."
+            ) from exc
+        return None if edits.empty else edits
+
+    def apply(path: str, new: str, edits: Any) -> str:
+        put = carry.apply_settings if path.endswith("/settings.py") else carry.apply_container
+        try:
+            return str(put(new, edits, root, length))
+        except carry.Unsupported as exc:  # the new version is not the shape expected
+            raise CarryRefused(str(exc)) from exc
+
+    ref = ref_from or str(before.get("_commit", ""))
+    return _carry_across(
+        host, before, ref, {p: users[p].stdout for p in present}, stage, read, apply
+    )
 
 
 # --- the compact migration -----------------------------------------------------------------------
@@ -966,49 +999,29 @@ def carry_terraform(host: Path, answers_file: str, ref_from: str, stage: str) ->
     present = [path for path, shown in users.items() if shown.returncode == 0]
     if not present:
         return Retired(True, "skipped: no Terraform file in HEAD")
-    done: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="worker-template.carry.") as tmp:
-        old = Path(tmp) / "old"
-        ref = ref_from or str(before.get("_commit", ""))
-        render_old(before, str(before.get("_src_path", "")), ref, old)
-        for path in present:
-            base, user = old / path, users[path].stdout
-            if not base.is_file() or base.read_text(encoding="utf-8") == user:
-                continue
-            try:
-                edits = terraform_edits(base.read_text(encoding="utf-8"), user, prefix)
-            except ValueError as exc:
-                return Retired(
-                    False,
-                    f"{path}: you changed it since template {ref}, and {exc} (the worker "
-                    'module, deployment/terraform/modules/worker; docs/updating.md, "To 0.2, '
-                    'Terraform"). Nothing was updated. Undo that change, commit, run the '
-                    "update again, then make the change in the module or in the instance's "
-                    "`settings`.",
-                )
-            if stage == "before":
-                (host / path).write_text(base.read_text(encoding="utf-8"), encoding="utf-8")
-                _git(host, "add", "--", path)
-            else:
-                target = host / path
-                if not target.is_file():
-                    continue
-                _git(host, "reset", "-q", "--", path)
-                try:
-                    carried = apply_terraform_edits(target.read_text(encoding="utf-8"), edits)
-                except StopIteration:
-                    return Retired(
-                        False,
-                        f"{path}: your edits could not be carried (the new file has no "
-                        f"`settings` map); they are in `git show HEAD:{path}`: put them back "
-                        "by hand, or undo the update with `git checkout -- . && git clean -fd`",
-                    )
-                target.write_text(carried, encoding="utf-8")
-            done.append(path)
-    if not done:
-        return Retired(True, "skipped: no Terraform edits to carry")
-    verb = "will carry your edits of" if stage == "before" else "carried your edits into"
-    return Retired(True, f"{verb} {', '.join(done)}")
+    ref = ref_from or str(before.get("_commit", ""))
+
+    def read(path: str, old: str, user: str) -> TerraformEdits:
+        try:
+            return terraform_edits(old, user, prefix)
+        except ValueError as exc:
+            raise CarryRefused(
+                f"{path}: you changed it since template {ref}, and {exc} (the worker "
+                'module, deployment/terraform/modules/worker; docs/updating.md, "To 0.2, '
+                'Terraform"). Nothing was updated. Undo that change, commit, run the '
+                "update again, then make the change in the module or in the instance's "
+                "`settings`."
+            ) from exc
+
+    def apply(path: str, new: str, edits: TerraformEdits) -> str:
+        try:
+            return apply_terraform_edits(new, edits)
+        except StopIteration as exc:
+            raise CarryRefused("the new file has no `settings` map") from exc
+
+    return _carry_across(
+        host, before, ref, {p: users[p].stdout for p in present}, stage, read, apply
+    )
 
 
 # --- command line ----------------------------------------------------------------------------

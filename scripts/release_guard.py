@@ -30,12 +30,12 @@ untried. Tests: tests/test_release_guard.py (part of `make test`).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import io
 import itertools
 import json
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -133,16 +133,10 @@ class GuardError(Exception):
 
 
 def _load(name: str) -> ModuleType:
-    """`extensions/<name>.py` of this checkout, under a name unique to it."""
-    path = REPO / "extensions" / f"{name}.py"
-    key = f"_worker_template_guard_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}_{name}"
-    module = sys.modules.get(key)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(key, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
+    """`extensions/<name>.py` of this checkout, under a name unique to it (the extensions'
+    own loader, extensions/siblings.py)."""
+    siblings = runpy.run_path(str(REPO / "extensions" / "siblings.py"))
+    module: ModuleType = siblings["load"](str(REPO / "extensions" / "siblings.py"), name)
     return module
 
 
