@@ -47,6 +47,22 @@ GIT_ENV = {
 UPDATE_MARKER = "# template v0.0.2"
 
 
+# What a host receives of the engine's tests (issue 30): the storage contract over its own
+# storages, the seed's manager and relay cases; the rest runs only in `make engine-check`.
+HOST_TESTS = {
+    "om/tests/work_fixtures.py",
+    "om/tests/contracts/work_storage.py",
+    "om/tests/contracts/work_storage_base.py",
+    "om/tests/contracts/work_storage_claim.py",
+    "om/tests/contracts/work_storage_rows.py",
+    "om/tests/contracts/work_storage_sweep.py",
+    "om/tests/unit/test_work_storage.py",
+    "om/tests/integration/test_work_storage_postgres.py",
+    "om/tests/unit/test_work_manager.py",
+    "om/tests/unit/test_outbox_relay_work.py",
+}
+
+
 ADMIN_URL = os.environ.get("ACME_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

@@ -68,6 +68,15 @@ SECOND = {
     "container": True,
 }
 WORKERS = (FIRST, SECOND)
+# The second worker as the patcher reads it (a container worker, not the namespace owner).
+SECOND_SPEC = patcher.Spec(
+    worker_name="invoice-mailer",
+    work_kind="SEND_INVOICE",
+    lane="billing",
+    host_root="acme",
+    namespace_absent=False,
+    container=True,
+)
 DIGEST = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/acme-x@sha256:" + "ab" * 32
 # Settings whose deployed value differs from the local one, and why: the metrics listen on
 # every interface of the task (Prometheus scrapes them), on the port the image exposes, and
@@ -877,14 +886,7 @@ def test_a_worker_other_than_the_owner_is_refused_without_the_worker_module(
     """A copy of the second worker into a host whose owner predates the worker module stops
     before writing, naming the module (the owner's update brings it)."""
     shutil.copytree(host / TERRAFORM_DIR, tmp_path / TERRAFORM_DIR)
-    spec = patcher.Spec(
-        worker_name="invoice-mailer",
-        work_kind="SEND_INVOICE",
-        lane="billing",
-        host_root="acme",
-        namespace_absent=False,
-        container=True,
-    )
+    spec = SECOND_SPEC
     assert deploy.check_terraform(tmp_path, spec) == []
     shutil.rmtree(tmp_path / WORKER_MODULE_DIR)
     refusal = (
@@ -1086,14 +1088,7 @@ def test_fragments_applied_again_change_nothing(host: Path, tmp_path: Path) -> N
 
 @pytest.mark.parametrize("path", [STAGING, PRODUCTION, COMPOSE_FULL])
 def test_each_deploy_edit_twice_is_byte_identical(path: str) -> None:
-    spec = patcher.Spec(
-        worker_name="invoice-mailer",
-        work_kind="SEND_INVOICE",
-        lane="billing",
-        host_root="acme",
-        namespace_absent=False,
-        container=True,
-    )
+    spec = SECOND_SPEC
     [edit] = [e for e in deploy.fragments(spec, patcher.WORKER_SETTINGS) if e.path == path]
     original = (REFERENCE_HOST / path).read_text(encoding="utf-8")
     once = edit.edit(original)
@@ -1181,14 +1176,7 @@ def test_host_without_the_structure_is_refused_before_writing(
 
 def test_compose_without_services_is_named_for_a_container_worker(fresh_host: Path) -> None:
     (fresh_host / COMPOSE_FULL).write_text("# nothing here yet\nvolumes: {}\n", encoding="utf-8")
-    spec = patcher.Spec(
-        worker_name="invoice-mailer",
-        work_kind="SEND_INVOICE",
-        lane="billing",
-        host_root="acme",
-        namespace_absent=True,
-        container=True,
-    )
+    spec = dataclasses.replace(SECOND_SPEC, namespace_absent=True)
     problems = patcher.check_host(fresh_host, spec)
     assert f"{COMPOSE_FULL}: no top-level `services` mapping" in problems
     without = dataclasses.replace(spec, container=False)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jinja2
 import pytest
-from conftest import REPO, load_extension
+from conftest import HOST_TESTS, REPO, load_extension
 
 engine = load_extension("engine")
 STUB = re.compile(r'\{\{ engine_source\("([^"]+)"\) \}\}')
@@ -40,22 +40,6 @@ def test_the_engine_holds_no_jinja_and_every_source_is_rendered_or_engine_only()
         assert not re.search(r"\{\{ |\{% ", text), path
         rel = path.relative_to(REPO / "engine").as_posix()
         assert rel in named or "/tests/" in f"/{rel}", f"{rel}: no stub renders it"
-
-
-# What a host receives of the engine's tests (issue 30): the storage contract over its own
-# storages, the seed's manager and relay cases; the rest runs only in `make engine-check`.
-HOST_TESTS = {
-    "om/tests/work_fixtures.py",
-    "om/tests/contracts/work_storage.py",
-    "om/tests/contracts/work_storage_base.py",
-    "om/tests/contracts/work_storage_claim.py",
-    "om/tests/contracts/work_storage_rows.py",
-    "om/tests/contracts/work_storage_sweep.py",
-    "om/tests/unit/test_work_storage.py",
-    "om/tests/integration/test_work_storage_postgres.py",
-    "om/tests/unit/test_work_manager.py",
-    "om/tests/unit/test_outbox_relay_work.py",
-}
 
 
 def test_a_host_receives_the_contract_and_the_seeds_cases_and_no_other_engine_test() -> None:

@@ -18,6 +18,7 @@ import tomlkit
 import yaml
 from conftest import (
     FIXTURES,
+    HOST_TESTS,
     REPO,
     UPDATE_MARKER,
     VENV_BIN,
@@ -59,18 +60,7 @@ NAMESPACE_FILES = [
         "storage/tables/__init__.py",
         "storage/tables/work_items.py",
     )
-] + [
-    "om/tests/contracts/work_storage.py",
-    "om/tests/contracts/work_storage_base.py",
-    "om/tests/contracts/work_storage_claim.py",
-    "om/tests/contracts/work_storage_rows.py",
-    "om/tests/contracts/work_storage_sweep.py",
-    "om/tests/unit/test_work_storage.py",
-    "om/tests/integration/test_work_storage_postgres.py",
-    "om/tests/unit/test_work_manager.py",
-    "om/tests/unit/test_outbox_relay_work.py",
-    f"{WORK}/enqueuers/__init__.py",
-]
+] + [*sorted(HOST_TESTS), f"{WORK}/enqueuers/__init__.py"]
 # The worker runtime (issue 13), rendered with the namespace by its owner.
 RUNTIME = "workers/runtime"
 RUNTIME_FILES = [f"{RUNTIME}/pyproject.toml", f"{RUNTIME}/README.md"] + [
