@@ -368,13 +368,22 @@ def names(answers: dict[str, Any]) -> dict[str, str]:
 def render_old(answers: dict[str, Any], src: str, ref: str, dst: Path) -> None:
     """Render the template at `ref` with `answers` into the empty folder `dst`.
 
-    The recorded `host_root` skips the copy checks (copier.yml), and the patcher leaves a
-    folder that is not a host alone, so this renders files and nothing else.
+    The recorded `host_root` skips the copy checks (copier.yml), and no task runs (they
+    act on a real host only), so this renders files and nothing else.
     """
     import copier
 
     data = {k: v for k, v in answers.items() if not k.startswith("_")}
-    copier.run_copy(src, str(dst), data=data, vcs_ref=ref, defaults=True, unsafe=True, quiet=True)
+    copier.run_copy(
+        src,
+        str(dst),
+        data=data,
+        vcs_ref=ref,
+        defaults=True,
+        unsafe=True,
+        quiet=True,
+        skip_tasks=True,
+    )
 
 
 def move(host: Path, answers_file: str, old_pattern: str, new_pattern: str, ref_from: str) -> str:

@@ -9,13 +9,14 @@ is checked with no render (docs/decisions/0029).
 Exit status: 0 when every check passed; 1 with the failing check's output otherwise.
 Environment: `ENGINE_CHECK_NO_PG=1` runs without PostgreSQL and Redis (the integration
 tests are deselected); otherwise they are started as `make test` starts them, and a
-missing one fails the check. `ENGINE_CHECK_ARGS` adds pytest arguments.
+missing one fails the check. `ENGINE_CHECK_ARGS` adds pytest arguments (shell-quoted).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -157,7 +158,7 @@ def main() -> int:
         if p.parent.name != "runtime"
     )
     selection = ["-m", "not integration"] if no_pg else []
-    extra = os.environ.get("ENGINE_CHECK_ARGS", "").split()
+    extra = shlex.split(os.environ.get("ENGINE_CHECK_ARGS", ""))
     _run(
         [
             "uv",
