@@ -899,21 +899,32 @@ def _ratio(ours: float | None, peer: float | None) -> float | None:
 
 
 def check_targets(
-    targets: dict[str, Any], rows: list[Row], med: dict[str, dict[str, Any]]
+    targets: dict[str, Any],
+    rows: list[Row],
+    med: dict[str, dict[str, Any]],
+    floors: dict[str, dict[str, float] | None],
 ) -> list[dict[str, Any]]:
-    """Every floor of targets.json, judged on the medians: ratio = ours / peer."""
+    """Every floor of targets.json, judged on the medians: ratio = ours / peer, where the
+    peer is a row, the row lowest in a metric, or a floor measured in the run (`floors`:
+    name -> its medians, None when not measured)."""
     present = {r.key for r in rows}
     results = []
     print("\ntargets (bench/targets.json, ours / peer, same run)")
     for target in targets["targets"]:
         peer = target["peer"]
-        if isinstance(peer, dict):  # {"lowest": metric, "among": [row keys]}
-            among = [k for k in peer["among"] if k in present and med[k][peer["lowest"]]]
-            peer = min(among, key=lambda k: med[k][peer["lowest"]]) if among else None
         ours_key, metric, floor = target["ours"], target["metric"], target["ratio"]
         value = None
-        if peer and peer in present and ours_key in present:
-            value = _ratio(med[ours_key][metric], med[peer][metric])
+        if isinstance(peer, dict) and "floor" in peer:  # {"floor": name, "metric": its key}
+            measured = floors.get(peer["floor"])
+            if measured and ours_key in present:
+                value = _ratio(med[ours_key][metric], measured.get(peer["metric"]))
+            peer = peer["floor"]
+        else:
+            if isinstance(peer, dict):  # {"lowest": metric, "among": [row keys]}
+                among = [k for k in peer["among"] if k in present and med[k][peer["lowest"]]]
+                peer = min(among, key=lambda k: med[k][peer["lowest"]]) if among else None
+            if peer and peer in present and ours_key in present:
+                value = _ratio(med[ours_key][metric], med[peer][metric])
         if value is None:
             ok, verdict = False, "NOT MEASURED"
         else:
@@ -922,6 +933,13 @@ def check_targets(
         results.append({**target, "peer_row": peer, "value": value, "ok": ok})
         shown = "-" if value is None else f"{value:.3f}"
         print(f"  {verdict:<13}{target['name']:<62} {shown:>8} {target['op']} {floor}")
+    for shown_only in targets.get("reported", []):  # ratios with no floor
+        ours_key, peer, metric = shown_only["ours"], shown_only["peer"], shown_only["metric"]
+        value = None
+        if ours_key in present and peer in present:
+            value = _ratio(med[ours_key][metric], med[peer][metric])
+        results.append({**shown_only, "value": value, "ok": True})
+        print(f"  {'reported':<13}{shown_only['name']:<62} {_fmt(value):>8}")
     for metric in targets.get("reported_for_every_row", []):
         missing = [r.key for r in rows if med[r.key][metric] is None]
         ok = not missing
@@ -960,7 +978,10 @@ def print_beneath(
             f"connection, nothing between: p50 {wake_floor['p50_ms']:.2f} ms, "
             f"p95 {wake_floor['p95_ms']:.2f} ms"
         )
-        target = next((v for v in verdicts if v.get("metric") == "wake_p50_ms"), None)
+        target = next(
+            (v for v in verdicts if v.get("metric") == "wake_p50_ms" and v["peer_row"] in med),
+            None,
+        )
         peer = target.get("peer_row") if target else None
         if target and peer and med[peer]["wake_p50_ms"]:
             allowed = target["ratio"] * med[peer]["wake_p50_ms"]
@@ -1000,6 +1021,8 @@ def print_beneath(
         print(
             f"  the host's audit batch (Managers.audit.append_many, 10 entries, one funnel "
             f"session): {audit_batch['wall_ms']:.2f} ms wall, {audit_batch['cpu_ms']:.2f} ms CPU"
+            f"; per item {audit_batch['wall_ms'] / 10:.3f} ms wall, "
+            f"{audit_batch['cpu_ms'] / 10:.3f} ms CPU"
         )
         rate = med.get("ours_c10", {}).get("items_per_s")
         if rate:
@@ -1114,7 +1137,7 @@ def main() -> int:
     floor = statistics.median(pgbench) if pgbench else None
     print(f"\npgbench floor (one-row prepared UPDATE ... RETURNING, 4 clients): {_fmt(floor)} tps")
     ratios = print_ratios(rows, med)
-    verdicts = check_targets(targets, rows, med)
+    verdicts = check_targets(targets, rows, med, {"notify_floor": _median_of(notify_floors)})
     beneath = print_beneath(
         med,
         verdicts,

@@ -5,6 +5,7 @@ the listener process, each latency is a real span of time, and the table is gone
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import uuid
 from collections.abc import Iterator
@@ -56,3 +57,41 @@ def test_every_row_is_woken_and_claimed_across_processes_and_the_table_dropped(
     assert all(0.0 < ms < 5_000 for ms in latencies)
     left = "SELECT count(*) FROM pg_class WHERE relname LIKE 'notify_floor%'"
     assert asyncio.run(_count(scratch_dsn, left)) == 0
+
+
+def test_the_targets_judge_rows_the_lowest_peer_and_a_floor_of_the_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """targets.json as shipped, judged on made-up medians: the wake-up against the NOTIFY
+    floor of the same run, the p95 against the peer lowest in p95 (not in p50), and the
+    default handler's ratio reported with no verdict."""
+    import run  # bench/run.py, through the path set above
+
+    rows = [
+        r
+        for r in run.ROWS
+        if r.key in ("ours_c10", "ours_default_c10", "procrastinate_c10", "pgqueuer_c10")
+    ]
+    med = {r.key: dict.fromkeys(run.METRICS) for r in rows}
+    med["ours_c10"] |= {"wake_p50_ms": 2.7, "wake_p95_ms": 5.0, "items_per_s": 2000.0}
+    med["ours_default_c10"] |= {"items_per_s": 1000.0}
+    med["procrastinate_c10"] |= {"wake_p50_ms": 4.0, "wake_p95_ms": 8.0}  # the lower p50
+    med["pgqueuer_c10"] |= {"wake_p50_ms": 6.0, "wake_p95_ms": 6.5}  # the lower p95
+    targets = json.loads((Path(run.BENCH) / "targets.json").read_text())
+
+    judged = {
+        v["name"]: v
+        for v in run.check_targets(targets, rows, med, {"notify_floor": {"p50_ms": 2.0}})
+    }
+
+    floor = judged["wake-up p50 vs the bare NOTIFY floor (bench/notify_floor.py)"]
+    assert (floor["value"], floor["ok"], floor["peer_row"]) == (1.35, False, "notify_floor")
+    assert judged["wake-up p50 vs the better peer's p50"]["value"] == 0.675
+    p95 = judged["wake-up p95 vs the better peer's p95"]
+    assert (p95["peer_row"], p95["value"]) == ("pgqueuer_c10", 0.769)
+    reported = judged["default handler (audit entry) vs no-op, capacity 10"]
+    assert (reported["value"], reported["ok"]) == (0.5, True)
+    assert "reported" in capsys.readouterr().out
+
+    unmeasured = run.check_targets(targets, rows, med, {"notify_floor": None})
+    assert next(v for v in unmeasured if v["name"] == floor["name"])["ok"] is False
