@@ -547,6 +547,17 @@ def write_good_revision(host: Path) -> tuple[str, str]:
     return rev, head
 
 
+# The host's own reading of every queue SQL file: for each statement, whether
+# `run_sql_file` runs it outside the transaction.
+HOST_READING = (
+    "import json, sys\n"
+    "from pathlib import Path\n"
+    "from acme.om.migrations_support import runs_outside_transaction, split_statements\n"
+    "print(json.dumps({p.name: [runs_outside_transaction(s) for s in split_statements("
+    "p.read_text())] for p in sorted(Path(sys.argv[1]).glob('*.sql'))}))\n"
+)
+
+
 def probe_state(database: str) -> list[tuple[object, ...]]:
     return query(
         database,
@@ -605,3 +616,12 @@ def test_the_good_revision_applies_and_reapplies_after_a_failed_concurrent_build
 
     host_gate(host, env, *MIGRATE, "downgrade", "--role", "queue", "--to", head)
     assert probe_state(database) == []
+
+    # what this test reads as outside the transaction is what the host's helper runs there
+    read = json.loads(host_gate(host, env, MIGRATE[0], "-c", HOST_READING, str(host / SQL)))
+    ours = {
+        p.name: [s.outside for s in statements(p.read_text(encoding="utf-8"))]
+        for p in sorted((host / SQL).glob("*.sql"))
+    }
+    assert read == ours
+    assert any(any(flags) for flags in ours.values()), "no statement outside a transaction"
