@@ -420,7 +420,9 @@ def update(root: Path, name: str, ref: str | None = None) -> int:
         "--answers-file",
         str(path.relative_to(root)),
     ]
-    done = subprocess.run(cmd, check=False, cwd=root)
+    # The template's own conflicts line stays quiet: this helper lists them below.
+    env = {**os.environ, "WORKER_TEMPLATE_HELPER": "1"}
+    done = subprocess.run(cmd, check=False, cwd=root, env=env)
     if done.returncode != 0:
         print(f"==> worker {name}: copier update failed (exit {done.returncode})", file=sys.stderr)
         return REFUSED
@@ -1001,7 +1003,8 @@ def rename(root: Path, old: str, new: str) -> int:
         f"worker_name={new}",
     ]
     print(f"==> renaming worker {old} to {new}", flush=True)
-    env = {**os.environ, "WORKER_TEMPLATE_RENAME": f"{old}>{new}"}  # the template lets it by
+    # The template lets the rename by; this helper reports the conflicts itself.
+    env = {**os.environ, "WORKER_TEMPLATE_RENAME": f"{old}>{new}", "WORKER_TEMPLATE_HELPER": "1"}
     if subprocess.run(cmd, check=False, cwd=root, env=env).returncode != 0:
         print(
             "==> copier update failed; `git checkout . && git clean -fd` undoes it", file=sys.stderr

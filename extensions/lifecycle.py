@@ -1033,6 +1033,28 @@ def carry_terraform(host: Path, answers_file: str, ref_from: str, stage: str) ->
     )
 
 
+# --- what copier's merge left ------------------------------------------------------------------
+
+HELPER_REPORTS = "WORKER_TEMPLATE_HELPER"
+"""Set by `make update-worker` (scripts/workers.py), which reports conflicts itself."""
+
+
+def left_conflicts(host: Path) -> str | None:
+    """The one line naming what copier's merge left to resolve in `host` (unmerged paths,
+    `*.rej` files, conflict markers), or None: nothing left, not a real host, or the
+    update run by `make update-worker`. Copier itself exits 0 and names none of them."""
+    if os.environ.get(HELPER_REPORTS) or not is_real_host(host):
+        return None
+    found = _sibling("host_workers").conflicts(host)
+    if not found:
+        return None
+    return (
+        f"worker-template: the update left {len(found)} conflict(s) to resolve: "
+        f"{', '.join(found)}; resolve the markers (docs/updating.md), `git add` the files, "
+        "then commit"
+    )
+
+
 # --- command line ----------------------------------------------------------------------------
 
 
@@ -1091,6 +1113,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--answers-file", required=True)
     p.add_argument("--host", default=".")
+    p = sub.add_parser("conflicts", help="name what copier's merge left to resolve")
+    p.add_argument("--host", default=".")
     return parser
 
 
@@ -1104,6 +1128,11 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.host), args.answers_file, args.old, args.new, env("VERSION_FROM", "")
         )
         print(f"    migrate  {result}")
+        return 0
+    if args.command == "conflicts":
+        line = left_conflicts(Path(args.host))
+        if line:
+            print(line, file=sys.stderr)
         return 0
     if args.command == "needs-engine":
         decided = needs_engine(Path(args.host), args.answers_file, args.api)

@@ -33,6 +33,7 @@ from conftest import (
     RELEASE_PROTECTED,
     REPO,
     VENV_BIN,
+    cli,
     commit_all,
     copy_host,
     copy_template,
@@ -261,7 +262,8 @@ def test_local_edits_survive_and_user_owned_files_are_never_touched(host: Path) 
 
 
 def test_overlapping_edits_give_inline_markers_and_fail(host: Path) -> None:
-    """Inline markers, no `.rej` even with `*.rej` gitignored, exit 2 from the helper."""
+    """Inline markers, no `.rej` even with `*.rej` gitignored, exit 2 from the helper. A
+    plain `copier update` (which exits 0 on conflicts) names them in one line."""
     gitignore = host / ".gitignore"
     gitignore.write_text(gitignore.read_text() + "*.rej\n")
     main = host / pkg(A) / "main.py"
@@ -269,9 +271,18 @@ def test_overlapping_edits_give_inline_markers_and_fail(host: Path) -> None:
     lines[0] = '"""Our own first line.\n' if lines[0].strip() != '"""' else lines[0]
     main.write_text("".join(lines))
     commit_all(host, "local edit on the line the template changes")
+    answers = f"workers/{A}/.copier-answers.yml"
+    plain = cli(host, "update", "--trust", "--defaults", "-a", answers)
+    assert plain.returncode == 0, plain.stderr
+    said = [line for line in plain.stderr.splitlines() if line.startswith("worker-template:")]
+    assert len(said) == 1 and f"{pkg(A)}/main.py (unmerged)" in said[0], plain.stderr
+    assert "resolve the markers" in said[0]
+    git(host, "reset", "-q", "--hard")
+    git(host, "clean", "-qfd")
     done = make(host, "update-worker", f"NAME={A}")
     assert done.returncode != 0
     assert "conflict" in done.stderr and f"{pkg(A)}/main.py" in done.stderr
+    assert "worker-template: the update left" not in done.stderr  # the helper's list only
     text = main.read_text()
     assert all(m in text for m in MARKERS)
     assert "Our own first line." in text and RELEASE_LINE in text
