@@ -17,7 +17,8 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from types import SimpleNamespace
+from typing import TypeVar, cast
 from uuid import UUID, uuid4
 
 import httpx
@@ -25,8 +26,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import make_url
 from work_fixtures import store_row, stored_row
+from work_network import free_port
 
 from acme.infra.cache import CacheScope
+from acme.infra.container import Infra
 from acme.infra.topics import WorkAvailablePayload
 from acme.om.audit import AuditEntry
 from acme.om.context import RequestContext
@@ -37,7 +40,7 @@ from acme.workers.runtime.commands import ENQUEUED_ACTION
 from acme.workers.runtime.container import RuntimeContainer
 from acme.workers.runtime.entry import GC_YOUNG_THRESHOLD, console
 from acme.workers.runtime.errors import escape_log_output
-from acme.workers.runtime.server import _bind, _describe, create_app
+from acme.workers.runtime.server import _bind, _describe, _warn_unanswered_redis, create_app
 from acme.workers.runtime.settings import INFRA_PREFIX
 from acme.workers.runtime.state import LoopState, liveness_key
 from acme.workers.runtime.testing import (
@@ -536,6 +539,26 @@ def test_a_redis_url_with_credentials_and_tls_is_taken_and_shown_without_its_pas
 
     assert settings.infra.redis_url == url
     assert _describe(settings.infra.redis_url, "") == "rediss://worker:***@redis.internal:6380/0"
+
+
+async def test_a_redis_that_does_not_answer_at_start_is_named_once_by_its_variable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mistyped Redis URL is said at start, naming the variable; serve goes on (the
+    heartbeat and the wake-ups wait for Redis as in any outage)."""
+    monkeypatch.setenv(f"{INFRA_PREFIX}REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    settings = ProbeSettings()
+    infra = Infra.build(settings.infra)
+    container = cast(RuntimeContainer, SimpleNamespace(infra=infra))
+    try:
+        with caplog.at_level(logging.WARNING):
+            await _warn_unanswered_redis(settings, container)
+    finally:
+        await infra.aclose()
+
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Redis")]
+    assert len(said) == 1, said
+    assert said[0].endswith(f"(check {INFRA_PREFIX}REDIS_URL)"), said[0]
 
 
 # -- the operator surface: no hidden side effects, accountable writes ---------------------

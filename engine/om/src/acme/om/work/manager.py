@@ -23,7 +23,7 @@ from acme.om.work.types.work_item import (
 
 
 class WorkManagerInterface(ABC):
-    """The table-backed work queue (Worker Roles: The Work Queue).
+    """The table-backed work queue.
 
     An item is enqueued, claimed by one worker under a lease and a claim token, then
     completed, deferred, released, failed into a retry, or failed into a dead letter at

@@ -256,11 +256,12 @@ class WorkStorageInterface(ABC):
 
         Tenant-less by design: a worker serves every tenant, and which tenant's item is
         due next is exactly what the claim finds out, so it reads across tenants and
-        returns each row with its tenant (`org_id`), the one way The Storage Layer
-        (The Second Fence) lets a statement cross them. It opens its session under the
-        system scope, `EMPTY_UUID` passed explicitly to the funnel. Each claimed row
-        spends an attempt, gets a fresh claim token, `claimed_by = worker_id`, and a lease
-        of `lease` seconds from the storage's now, all in that statement. Only rows
+        returns each row with its tenant (`org_id`), the one way the host's storage
+        funnel (`acme.om.storage.funnel`) lets a statement cross them. It opens its
+        session under the system scope, `EMPTY_UUID` passed explicitly to the funnel.
+        Each claimed row spends an attempt, gets a fresh claim token, `claimed_by =
+        worker_id`, and a lease of `lease` seconds from the storage's now, all in that
+        statement. Only rows
         `rules.is_claimable` accepts are taken, oldest `available_at` first; concurrent
         claimers never receive the same row.
 

@@ -9,7 +9,7 @@ from acme.om.work.types.work_item import WorkItem
 
 
 class WorkHandlerInterface(ABC):
-    """Runs one claimed work item (Worker Roles: Shape of a Worker).
+    """Runs one claimed work item.
 
     The loop passes the `OpContext` the claim returned; a handler never builds one. A
     handler may run twice for one item (a lease lost mid-run, a crash before completion),

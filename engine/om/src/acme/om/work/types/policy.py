@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class KindPolicy(BaseModel):
-    """What the queue allows one work kind (Worker Roles: The Work Queue).
+    """What the queue allows one work kind.
 
     `max_attempts` is the number of claims an item of the kind may spend (attempts are
     spent at claim); the claim that reaches it is the last, and its failure is final.

@@ -75,7 +75,7 @@ class WorkStatus(StrEnum):
 
 
 class WorkItem(Identifiable, Trackable):
-    """One row of `work_items` (Worker Roles: The Work Queue).
+    """One row of `work_items`, the work queue.
 
     Times are timezone-aware UTC. `attempts` counts the claims spent (an attempt is
     spent at claim and given back by release and defer); `max_attempts` caps it.

@@ -33,7 +33,7 @@ from acme.workers.runtime.container import (
     parked_record_resumers,
 )
 from acme.workers.runtime.errors import one_line, transient_database_error
-from acme.workers.runtime.settings import RuntimeSettings, embedded_database_file
+from acme.workers.runtime.settings import INFRA_PREFIX, RuntimeSettings, embedded_database_file
 from acme.workers.runtime.state import LoopState
 from acme.workers.runtime.worker import Worker
 
@@ -150,6 +150,7 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         running.add_signal_handler(signum, loop.stop)
     server_task = asyncio.create_task(server.serve(sockets=[sock]), name="metrics-server")
+    await _warn_unanswered_redis(settings, container)
     parked = parked_record_resumers(container.managers)
     logger.info(
         "serving %s on lane %r, capacity %d; storage %s; cache and topics %s; wake-ups: %s; "
@@ -213,7 +214,9 @@ async def _refuse_unmigrated(container: RuntimeContainer) -> float | None:
         if not isinstance(exc, OSError | SQLAlchemyError) and not transient_database_error(exc):
             raise
         logger.warning(
-            "the database does not answer yet (%s): the loop waits for it", one_line(exc)
+            "the database does not answer yet (%s): the loop waits for it (check %sDATABASE_URL)",
+            one_line(exc),
+            INFRA_PREFIX,
         )
         return began if transient_database_error(exc) else None
     if found is None:
@@ -226,6 +229,25 @@ async def _refuse_unmigrated(container: RuntimeContainer) -> float | None:
 
 # How long the start waits for the database to say whether it was migrated (s).
 _MIGRATED_CHECK_S = 5.0
+_REDIS_CHECK_S = 2.0  # seconds the start gives Redis to answer a ping
+
+
+async def _warn_unanswered_redis(settings: RuntimeSettings, container: RuntimeContainer) -> None:
+    """Log one WARNING naming the URL's setting when Redis does not answer a ping within
+    `_REDIS_CHECK_S`. Never raises: the heartbeat and the wake-ups wait for Redis as they
+    do in any outage, but a mistyped URL is said once, at start."""
+    if not settings.infra.redis_url:
+        return
+    try:
+        async with asyncio.timeout(_REDIS_CHECK_S):
+            await container.infra.topics.ping()
+    except Exception as exc:
+        logger.warning(
+            "Redis does not answer (%s): the heartbeat and the wake-ups wait for it "
+            "(check %sREDIS_URL)",
+            one_line(exc),
+            INFRA_PREFIX,
+        )
 
 
 def _wake_ups(settings: RuntimeSettings, container: RuntimeContainer) -> str:

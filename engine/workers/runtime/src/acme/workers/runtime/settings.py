@@ -8,7 +8,7 @@ the host's `InfraSettings`, the same object `boot()` reads, under its own prefix
 
 The capacity is set against the pool this process opens and never independently of it,
 since a worker that runs more items at once than its pool serves spends the difference
-waiting on a checkout (The Storage Layer, Database Roles).
+waiting on a checkout (the host's database roles: `acme.om.storage.roles`).
 """
 
 from __future__ import annotations
