@@ -12,13 +12,14 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= auto
 XDIST_VERSION := $(shell sed -n '/^name = "pytest-xdist"/{n;s/version = "\(.*\)"/\1/p}' uv.lock)
 
-.PHONY: help setup services demo test engine-check bench chaos soak lint clean release-manifest release-check
+.PHONY: help setup services demo test engine-check bench bench-scale chaos soak lint clean release-manifest release-check
 
 help:
 	@echo "make demo   render shipment-notifier into the reference host and process 200 items"
 	@echo "make test   run the template's whole test suite (sets everything up first)"
 	@echo "make engine-check  ruff, mypy and the engine's own tests, read from engine/ (no render)"
 	@echo "make bench  ours vs procrastinate and pgqueuer, held to bench/targets.json"
+	@echo "make bench-scale  10M rows of history, 1M due: the claim and the drain at scale (~30 min)"
 	@echo "make chaos  10,000 items through 4 workers under kill -9, outages and half-open links"
 	@echo "make soak   30 minutes at half capacity: no growth in memory, connections, fds, tasks"
 	@echo "make lint   ruff and strict mypy over the template's own Python"
@@ -76,6 +77,10 @@ bench: setup services
 	@$(UV) venv --quiet --allow-existing --python $(PYTHON) .bench/peers-venv
 	@$(UV) pip install --quiet --python .bench/peers-venv/bin/python -r bench/requirements-peers.txt
 	@$(UV) run --locked --quiet python bench/run.py
+
+## Not in CI: its own PostgreSQL cluster (bench/scale.py; BENCH_SCALE_* knobs).
+bench-scale: setup
+	@$(UV) run --locked --quiet python bench/scale.py
 
 ## Its own PostgreSQL cluster and redis-server (initdb, pg_ctl, free ports): never the shared ones.
 chaos: setup
