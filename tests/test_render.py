@@ -98,6 +98,7 @@ MIGRATION_PATTERNS = [
         "work_items_payload_checked",
         "work_items_audit_owed",
         "work_items_deleted",
+        "work_items_vacuum",
     )
     for path in (
         rf"sql/queue/\d{{14}}_{name}\.up\.sql",
