@@ -1,6 +1,6 @@
 """`make bench-scale`: the generated queue on a big table, in a PostgreSQL cluster of its own.
 
-Not part of CI (a full run takes about half an hour on 2 cores). Set-up:
+Not part of CI (a full run took 44 min on 2 cores). Set-up:
 1. a cluster of its own, started by `scripts/chaos.py`'s `Postgres` (`initdb`, `pg_ctl`, a
    free loopback port, its files under `TMPDIR`), with production-like settings on top:
    autovacuum on at the naptime docs/operations.md asks for, shared buffers sized for the

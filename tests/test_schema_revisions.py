@@ -423,11 +423,13 @@ def queue_version(database: str) -> list[str]:
 
 
 def queue_schema(database: str) -> dict[str, set[str]]:
-    """The queue's indexes, triggers and check constraints on `work_items`."""
+    """The queue's indexes, triggers, check constraints and storage parameters on
+    `work_items`."""
     return {
         "indexes": {r[0] for r in query(database, INDEXES)},
         "triggers": {r[0] for r in query(database, TRIGGERS)},
         "checks": {r[0] for r in query(database, CHECKS)},
+        "options": {r[0] for r in query(database, OPTIONS)},
     }
 
 
@@ -439,6 +441,7 @@ TRIGGERS = (
 CHECKS = (
     "SELECT conname FROM pg_constraint WHERE conrelid = 'work_items'::regclass AND contype = 'c'"
 )
+OPTIONS = "SELECT unnest(reloptions) FROM pg_class WHERE oid = 'work_items'::regclass"
 
 
 @pytest.mark.slow
@@ -502,6 +505,8 @@ def test_a_schema_release_reaches_a_database_behind_a_revision_of_the_hosts_own(
     assert "ix_work_items_lane_status_available_at" not in schema["indexes"]
     assert "work_items_notify" in schema["triggers"]
     assert USER_CONSTRAINT in schema["checks"], "the host's own change was lost"
+    # storage parameters reach an existing table too (docs/decisions/0033)
+    assert "vacuum_index_cleanup=on" in schema["options"], schema["options"]
     # the host's own migration tests: the queue role, join and all, goes down to base and up
     tested = host_gate(
         host, env, "uv", "run", "--all-packages", "pytest", "-q", MIGRATION_TESTS, "-k", "queue"
@@ -526,4 +531,6 @@ def test_a_schema_release_reaches_a_database_behind_a_revision_of_the_hosts_own(
     host_gate(fresh, fresh_env, "make", "migrate")
     host_gate(fresh, fresh_env, "make", "migrate-check")
     assert queue_version(fresh_db) == [schema_history.newest(fresh_stamp)]
-    assert queue_schema(fresh_db)["indexes"] == schema["indexes"]
+    fresh_schema = queue_schema(fresh_db)
+    assert fresh_schema["indexes"] == schema["indexes"]
+    assert fresh_schema["options"] == schema["options"]
