@@ -23,7 +23,7 @@
 -- prefer-robust-stmts: alembic runs the revision in one transaction, so a failure part way
 --   rolls the whole file back; storage parameters set twice are set alike.
 -- squawk-ignore-file prefer-robust-stmts
-SET LOCAL lock_timeout = '5s';
+SET LOCAL lock_timeout = '2s';
 SET LOCAL statement_timeout = '60s';
 
 ALTER TABLE work_items SET (
