@@ -653,6 +653,31 @@ def test_enqueue_without_a_tenant_is_refused_on_one_line_and_creates_none(
         assert _on_the_queue(_tenant_ids) == before
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["enqueue", "--operator", "alice"], ["items", "list"], ["dead-letters", "list"]],
+    ids=" ".join,
+)
+def test_an_org_that_is_no_live_tenant_is_refused_naming_the_option(
+    argv: list[str], backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every command that takes `--org` says which tenants there are, not `NotFound` (after
+    the start's own lines: the tenant is looked up once the storage is open)."""
+    org = uuid4()
+    if argv[0] == "enqueue":
+        argv = [*argv, "--payload", json.dumps(sample_payload())]
+
+    with pytest.raises(SystemExit) as refused:
+        console(PROBE, [*argv, "--org", str(org)])
+
+    assert refused.value.code == 2
+    *_, line = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"{PROBE.name}: --org {org} is no live tenant (the `tenants` command lists them; "
+        "`enqueue --create-tenant NAME` creates one); nothing written"
+    )
+
+
 def test_create_tenant_says_what_it_created_and_the_enqueue_names_its_operator(
     backend: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

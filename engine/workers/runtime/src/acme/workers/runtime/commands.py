@@ -24,7 +24,7 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from acme.om.context import AppContext, AppType, OpContext, RequestContext
-from acme.om.errors import Conflict, Invalid
+from acme.om.errors import Conflict, Invalid, NotFound
 from acme.om.types import EMPTY_UUID
 from acme.om.work.rules import policy_lane, refuse_nul
 from acme.om.work.types.work_item import (
@@ -59,12 +59,19 @@ def _app(settings: RuntimeSettings) -> AppContext:
 async def _contexts(
     container: RuntimeContainer, rctx: RequestContext, org: UUID | None
 ) -> list[OpContext]:
-    """One service context for `org`, or one per live tenant when `org` is None."""
+    """One service context for `org`, or one per live tenant when `org` is None. Raises
+    `Refused` naming `--org` and the `tenants` command when `org` is no live tenant."""
     if org is None:
         return await container.managers.work.maintenance_contexts(rctx)
-    context = await container.managers.tenancy.service_context(
-        rctx, org_id=org, acting_for=EMPTY_UUID, caused_by_request_id=None
-    )
+    try:
+        context = await container.managers.tenancy.service_context(
+            rctx, org_id=org, acting_for=EMPTY_UUID, caused_by_request_id=None
+        )
+    except NotFound as exc:
+        raise Refused(
+            f"--org {org} is no live tenant (the `tenants` command lists them; `enqueue "
+            "--create-tenant NAME` creates one); nothing written"
+        ) from exc
     return [context]
 
 
