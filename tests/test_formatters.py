@@ -208,3 +208,10 @@ def test_remove_worker_finds_its_image_in_a_list_prettier_wrapped(
     assert "shipment-notifier" in dropped and "a-third-worker-with-a-long-name" in dropped
     workflow.write_text(dropped, encoding="utf-8")
     assert run_prettier(prettier, tmp_path, "--list-different", workflow.name) == []
+
+
+def test_this_repositorys_own_markdown_is_as_prettier_leaves_it(prettier: Path) -> None:
+    """The README, the changelog and docs/ (the ADRs included) in prettier's layout, as the
+    markdown the template renders is (docs/decisions/0027)."""
+    patterns = ("README.md", "CHANGELOG.md", "engine/README.md", "docs/**/*.md")
+    assert run_prettier(prettier, REPO, "--list-different", *patterns) == []
