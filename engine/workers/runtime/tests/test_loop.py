@@ -68,6 +68,7 @@ from acme.workers.runtime.testing import (
     running,
     sample,
 )
+from acme.workers.runtime.watch import EventLoopWatch
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -148,9 +149,34 @@ async def test_the_loop_claims_and_completes_by_polling_with_no_sweep_and_no_wak
     assert await _statuses(container, tenant) == [WorkStatus.COMPLETED] * 3
     assert claims.count >= 2
     assert not names & {"sweep", "wake-ups"}
-    assert "heartbeat" in names
+    assert {"heartbeat", "event-loop-watch"} <= names
     up = loop.metrics.registry.get_sample_value("worker_wake_up_channel_up", {"channel": "topic"})
     assert up is None
+
+
+def _block(seconds: float) -> None:
+    """What a handler calling blocking code does to the event loop."""
+    time.sleep(seconds)
+
+
+async def test_a_blocked_event_loop_is_said_once_naming_the_fix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A handler calling `time.sleep` blocks every claim and renewal: the watch says so
+    once per block, and nothing while the loop runs freely."""
+    watch = asyncio.create_task(EventLoopWatch().run())
+    with caplog.at_level(logging.WARNING):
+        await asyncio.sleep(0.6)  # running freely: nothing said
+        _block(1.3)
+        await asyncio.sleep(0.6)
+    watch.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watch
+
+    said = [r.getMessage() for r in caplog.records if "event loop was blocked" in r.getMessage()]
+    assert len(said) == 1, said
+    assert re.match(r"the event loop was blocked for 1\.\d s: ", said[0]), said[0]
+    assert "asyncio.to_thread" in said[0]
 
 
 async def test_the_gap_between_successful_renewals_spans_the_failures_between(

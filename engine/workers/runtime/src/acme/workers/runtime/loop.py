@@ -53,6 +53,7 @@ from acme.workers.runtime.state import (
 )
 from acme.workers.runtime.sweep import Sweep, UnwrittenWrites
 from acme.workers.runtime.wake import WakeUpSubscription
+from acme.workers.runtime.watch import EventLoopWatch
 
 logger = logging.getLogger(LOOP_LOGGER)
 
@@ -163,7 +164,7 @@ class WorkerLoop:
     async def run(self) -> None:
         """Run until `stop()` is called, then drain; returns once drained (see `_drain`)."""
         heartbeat = asyncio.create_task(self.heartbeat.run(), name="heartbeat")
-        others = []
+        others = [asyncio.create_task(EventLoopWatch().run(), name="event-loop-watch")]
         if self.wake_ups is not None:
             others.append(asyncio.create_task(self.wake_ups.run(), name="wake-ups"))
         if self.sweep is not None:
