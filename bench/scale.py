@@ -62,7 +62,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import chaos  # the throwaway cluster (`Postgres`, `cluster_root`), reused as is
 import demo  # the host preparation, reused as is
-from run import WorkerProcess, _reserved_connections  # make bench's, reused as is
+from run import WorkerProcess, _env_int, _reserved_connections  # make bench's, reused as is
 from work_network import free_port  # the engine tests' own, stdlib only
 
 WORK = REPO / ".bench"
@@ -71,10 +71,6 @@ PREFIX = "SHIPMENT_NOTIFIER_"
 EMPTY = "00000000-0000-0000-0000-000000000000"
 CLAIM_BOUND = 1.2
 DRAIN_BOUND = 0.9
-
-
-def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
 
 
 HISTORY = _env_int("BENCH_SCALE_HISTORY", 10_000_000)
@@ -170,12 +166,7 @@ class Scale:
         host = demo.prepare_host(self.host.parent)
         demo.render(host, demo.Worker(*demo.FIRST, port=0, log=self.logs / "unused.log"))
         shutil.copyfile(REPO / "bench" / "host_noop_handler.py", host / HANDLER)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_"))}
-        for name in list(env):
-            if name.startswith(("ACME_", PREFIX)):
-                del env[name]
-        env["UV_OFFLINE"] = "1"
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env = chaos.host_env()
         demo.run(
             ["uv", "sync", "--offline", "--all-packages", "--quiet", "--compile-bytecode"],
             cwd=host,

@@ -388,13 +388,20 @@ async def _execute(url: str, sql: str) -> None:
         await conn.close()
 
 
-def base_env(pg: Postgres, redis_port: int) -> dict[str, str]:
+def host_env() -> dict[str, str]:
+    """This process's environment for the host's commands: no virtualenv or uv project of
+    ours, none of the host's or the worker's settings, offline, bytecode written."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_PROJECT"))}
     for name in list(env):
         if name.startswith(("ACME_", PREFIX)):
             del env[name]
     env["UV_OFFLINE"] = "1"
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def base_env(pg: Postgres, redis_port: int) -> dict[str, str]:
+    env = host_env()
     env["ACME_DATABASE_URL"] = pg.url("acme_app").replace("postgresql:", "postgresql+asyncpg:")
     env["ACME_REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
     return env
