@@ -228,6 +228,11 @@ def settle_kinds(root: Path) -> list[str]:
     return settled
 
 
+# Set on the copier runs this helper starts: the template's own conflicts line (lifecycle.py
+# `conflicts`) stays quiet, as this helper lists them itself and exits 2.
+HELPER_REPORTS = "WORKER_TEMPLATE_HELPER"
+
+
 def conflicts(root: Path) -> list[str]:
     """Paths left unmerged, `*.rej` files, and files holding copier's conflict markers."""
     found: list[str] = []
@@ -420,8 +425,7 @@ def update(root: Path, name: str, ref: str | None = None) -> int:
         "--answers-file",
         str(path.relative_to(root)),
     ]
-    # The template's own conflicts line stays quiet: this helper lists them below.
-    env = {**os.environ, "WORKER_TEMPLATE_HELPER": "1"}
+    env = {**os.environ, HELPER_REPORTS: "1"}
     done = subprocess.run(cmd, check=False, cwd=root, env=env)
     if done.returncode != 0:
         print(f"==> worker {name}: copier update failed (exit {done.returncode})", file=sys.stderr)
@@ -1003,8 +1007,7 @@ def rename(root: Path, old: str, new: str) -> int:
         f"worker_name={new}",
     ]
     print(f"==> renaming worker {old} to {new}", flush=True)
-    # The template lets the rename by; this helper reports the conflicts itself.
-    env = {**os.environ, "WORKER_TEMPLATE_RENAME": f"{old}>{new}", "WORKER_TEMPLATE_HELPER": "1"}
+    env = {**os.environ, "WORKER_TEMPLATE_RENAME": f"{old}>{new}", HELPER_REPORTS: "1"}
     if subprocess.run(cmd, check=False, cwd=root, env=env).returncode != 0:
         print(
             "==> copier update failed; `git checkout . && git clean -fd` undoes it", file=sys.stderr

@@ -1035,17 +1035,15 @@ def carry_terraform(host: Path, answers_file: str, ref_from: str, stage: str) ->
 
 # --- what copier's merge left ------------------------------------------------------------------
 
-HELPER_REPORTS = "WORKER_TEMPLATE_HELPER"
-"""Set by `make update-worker` (scripts/workers.py), which reports conflicts itself."""
-
 
 def left_conflicts(host: Path) -> str | None:
     """The one line naming what copier's merge left to resolve in `host` (unmerged paths,
     `*.rej` files, conflict markers), or None: nothing left, not a real host, or the
     update run by `make update-worker`. Copier itself exits 0 and names none of them."""
-    if os.environ.get(HELPER_REPORTS) or not is_real_host(host):
+    helper = _sibling("host_workers")
+    if os.environ.get(helper.HELPER_REPORTS) or not is_real_host(host):
         return None
-    found = _sibling("host_workers").conflicts(host)
+    found = helper.conflicts(host)
     if not found:
         return None
     return (
