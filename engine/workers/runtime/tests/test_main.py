@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import socket
+import sqlite3
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -127,6 +128,32 @@ def test_an_embedded_file_left_in_the_working_folder_is_named_as_not_read(
     lines = capsys.readouterr().err.splitlines()
     assert f"{PROBE.name}: {stray} is not read: the embedded database is " in lines[0]
     assert f"{INFRA_PREFIX}DATABASE_URL=sqlite:///{stray}" in lines[0]
+
+
+def test_an_embedded_file_whose_rows_do_not_fit_this_release_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A file an earlier release made whose rows the rebuilt table cannot take (here a
+    table missing columns this one needs): one line naming the file to delete, file kept."""
+    monkeypatch.delenv(f"{INFRA_PREFIX}DATABASE_URL", raising=False)
+    host = _in_a_host(tmp_path / "host", monkeypatch)
+    embedded = host.resolve() / EMBEDDED_DATABASE
+    embedded.parent.mkdir(parents=True)
+    with sqlite3.connect(embedded) as connection:
+        connection.execute("CREATE TABLE work_items (id CHAR(32) PRIMARY KEY, status TEXT)")
+        connection.execute("INSERT INTO work_items VALUES ('a', 'AVAILABLE')")
+    connection.close()
+
+    with pytest.raises(SystemExit) as refused:
+        console(PROBE, ["tenants"])
+
+    line = str(refused.value.code)
+    assert line.startswith(f"{PROBE.name}: the embedded database {embedded} was made by ")
+    assert line.endswith(f"delete {embedded} (it holds local data only)")
+    assert "\n" not in line
+    with sqlite3.connect(embedded) as connection:
+        assert connection.execute("SELECT id FROM work_items").fetchall() == [("a",)]
+    connection.close()
 
 
 @pytest.mark.parametrize("argv", [["tenants"], ["serve"]])

@@ -26,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from acme.infra.boot import boot
 from acme.infra.settings import InfraSettings
 from acme.om.errors import OmError
+from acme.om.work.storage.impl.sqlite_upgrade import SqliteFileOutdated
 from acme.om.work.types.work_item import WorkStatus
 from acme.workers.runtime.commands import MOST_AT_ONCE, Refused, run_operator_command
 from acme.workers.runtime.container import HostContractError
@@ -230,11 +231,12 @@ def run(worker: Worker, argv: Sequence[str] | None = None) -> None:
 
     Exits 0 on success; 1 on an engine older than the worker needs, invalid settings, a
     metrics port another process holds, no host root to hold the embedded database
-    (`NoHostRoot`), a host the worker cannot use (the message names the part), a database
-    an operator command cannot reach, or one `serve` waited for past
-    `DATABASE_OUTAGE_LIMIT`; 2 on input the model refuses, and on a command refused before
-    it opens anything (`enqueue` without `--org` or `--create-tenant`, a write on a
-    database server without an operator identity).
+    (`NoHostRoot`), an embedded file whose rows do not fit this release's tables, a host
+    the worker cannot use (the message names the part), a database an operator command
+    cannot reach, or one `serve` waited for past `DATABASE_OUTAGE_LIMIT`; 2 on input the
+    model refuses, and on a command refused before it opens anything (`enqueue` without
+    `--org` or `--create-tenant`, a write on a database server without an operator
+    identity).
     """
     name = worker.name
     try:
@@ -276,7 +278,7 @@ def run(worker: Worker, argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     except HostContractError as exc:
         sys.exit(f"{name}: the host does not meet the contract: {exc}")
-    except (MetricsPortUnavailable, NotMigrated, DatabaseOutage) as exc:
+    except (MetricsPortUnavailable, NotMigrated, DatabaseOutage, SqliteFileOutdated) as exc:
         sys.exit(f"{name}: {exc}")
     # An operator command's database is down, or refuses the connection itself (a database
     # or role that does not exist, a wrong password: asyncpg raises those unwrapped).

@@ -13,6 +13,7 @@ records, the outbox's state), run once when `serve` starts.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from inspect import Parameter
@@ -28,12 +29,16 @@ from acme.om.schema import create_all
 from acme.om.storage.funnel import StorageFunnel
 from acme.om.storage.impl.sql import SqlStorageRoot
 from acme.om.storage.root import StorageRootInterface
+from acme.om.work.storage.impl.sqlite_upgrade import upgrade_sqlite_file
 from acme.om.work.types.handler import WorkHandlerInterface
 from acme.om.work.types.work_item import WorkKind
 from acme.workers.runtime.audit import AuditBatchAppender, GroupCommitAudit
 from acme.workers.runtime.queue_stats import OutboxStatsReader
 from acme.workers.runtime.settings import RuntimeSettings, embedded_database_url
+from acme.workers.runtime.state import LOOP_LOGGER
 from acme.workers.runtime.sweep import ParkedRecordsResumer
+
+logger = logging.getLogger(LOOP_LOGGER)
 
 Handlers = Callable[[Managers], Mapping[WorkKind, WorkHandlerInterface]]
 """A worker's handlers: built from the managers, one handler per kind the worker runs."""
@@ -253,8 +258,12 @@ def pool_options(from_url: Callable[..., object]) -> dict[str, bool]:
 
 
 def _local_sqlite(url: str) -> str:
+    """`url` after its file's work tables are brought to this release's
+    (`upgrade_sqlite_file`, which raises `SqliteFileOutdated`) and its missing tables made."""
     database = make_url(url).database
     if database:
         Path(database).parent.mkdir(parents=True, exist_ok=True)
+    if rebuilt := upgrade_sqlite_file(url):
+        logger.info("upgraded %s in %s to this release's definition", ", ".join(rebuilt), database)
     create_all(url)
     return url
