@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,10 @@ from conftest import (
     load_extension,
     tree_state,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from churn import ALARMS, alarm_from_module, first_alarm_at  # bench/ is no package
 from copier.errors import UserMessageError
 
 patcher = load_extension("patcher")
@@ -371,7 +376,13 @@ OWN_ALARMS = {
     "wake_ups_down",
     "dead_letters_unaudited",
 }
-OWNER_ALARMS = {"snapshot_age", "stranded", "outbox_failing", "outbox_dead_letters"}
+OWNER_ALARMS = {
+    "snapshot_age",
+    "snapshot_held",
+    "stranded",
+    "outbox_failing",
+    "outbox_dead_letters",
+}
 
 
 def _queue_stats_constant(host: Path, name: str) -> Any:
@@ -671,6 +682,12 @@ def _moves(parsed: dict[str, Any]) -> dict[str, str]:
     return {block["from"][2:-1]: block["to"][2:-1] for block in parsed.get("moved", [])}
 
 
+# What the worker module gained after the move into it (v0.2.0): an update creates these.
+METRICS_SINCE = {"OldestSnapshotAge"}
+ALARMS_SINCE = {"snapshot_held"}
+METRIC_FILTER = "aws_cloudwatch_log_metric_filter.queue_stats"
+
+
 @pytest.mark.parametrize("commit", list(BEFORE_MODULE.values()), ids=list(BEFORE_MODULE))
 @pytest.mark.parametrize(("env", "answers"), ALL, ids=IDS)
 def test_every_old_address_moves_into_the_worker_module(
@@ -702,7 +719,8 @@ def test_every_old_address_moves_into_the_worker_module(
         if "for_each" in body:  # the same map, so the same keys
             assert body["for_each"] == f"${{local.{module}_queue_metrics}}"
             assert new["for_each"] == "${local.queue_metrics}"
-            assert _locals(_worker_module(host))["queue_metrics"] == old_metrics
+            metrics = _locals(_worker_module(host))["queue_metrics"]
+            assert {k: v for k, v in metrics.items() if k not in METRICS_SINCE} == old_metrics
             assert not key
         elif "count" in body:
             assert body["count"] == OLD_SWITCH and new["count"] == SWITCH and not key
@@ -711,10 +729,12 @@ def test_every_old_address_moves_into_the_worker_module(
             assert "count" not in new or key == "0]"
     if commit == BEFORE_MODULE["pre-module"]:  # no move from an address never declared
         assert set(moves) == set(_addresses(old))
-        # and every address in the module has come from somewhere (the owner's has all)
+        # and every address in the module but those it gained since has come from somewhere
+        # (the owner's has all)
         targets = {t.removeprefix(prefix).partition("[")[0] for t in moves.values()}
+        since = {f"aws_cloudwatch_metric_alarm.{name}" for name in ALARMS_SINCE}
         assert targets == (
-            set(inside)
+            set(inside) - since
             if owner
             else set(inside) - {f"aws_cloudwatch_metric_alarm.{name}" for name in OWNER_ALARMS}
         )
@@ -822,7 +842,8 @@ def test_plan_after_the_update_destroys_nothing_and_changes_no_value(
     plan turned into a state; the folder after it, planned on that state: no resource is
     created or destroyed, each of the workers' resources is found at its old address, and
     every planned value (alarm and metric names and the task's settings included) is the old
-    plan's. The folder after it is an updated host's: the fresh rendering and the moves the
+    plan's; created only what the module gained since (`METRICS_SINCE`, `ALARMS_SINCE`).
+    The folder after it is an updated host's: the fresh rendering and the moves the
     v0.2.0 migration writes (`lifecycle.py terraform-moves`), which the plan needs."""
     env = "staging"
     root = tmp_path / "updated"
@@ -866,7 +887,18 @@ def test_plan_after_the_update_destroys_nothing_and_changes_no_value(
     again = {
         c["address"]: c["change"] for c in _plan(old / "environments" / env)["resource_changes"]
     }
-    after = _plan(new / "environments" / env)["resource_changes"]
+    planned = _plan(new / "environments" / env)["resource_changes"]
+    created = {c["address"] for c in planned if c["change"]["actions"] == ["create"]}
+    owner = f"module.worker_{_module(FIRST)}"
+    assert created == {
+        *(
+            f'module.worker_{_module(a)}.{METRIC_FILTER}["{m}"]'
+            for a in WORKERS
+            for m in METRICS_SINCE
+        ),
+        *(f"{owner}.aws_cloudwatch_metric_alarm.{alarm}[0]" for alarm in ALARMS_SINCE),
+    }
+    after = [c for c in planned if c["address"] not in created]
     assert len(again) == len(before["resource_changes"]) == len(after)
     moved = 0
     for change in after:
@@ -1224,3 +1256,46 @@ def test_image_is_linted_non_root_and_checks_healthz(host: Path, answers: dict[s
     entrypoint = [rest for word, rest in final if word == "ENTRYPOINT"]
     assert entrypoint and answers["worker_name"] in entrypoint[-1]
     assert "serve" not in entrypoint[-1]
+
+
+SWEEP_S = 30  # the worker's default SWEEP_INTERVAL: one queue stats line per pass
+
+
+def _held_snapshot_lines(xids_per_s: float, hold_from: float) -> list[dict[str, float]]:
+    """The queue stats lines of a worker while one snapshot is held from `hold_from` for
+    20 minutes: its transaction-id age grows at the write rate, its age in seconds from the
+    first pass that saw it."""
+    lines = []
+    first_seen = None
+    for at in range(int(hold_from) - 300, int(hold_from) + 1200, SWEEP_S):
+        held = at >= hold_from
+        first_seen = (first_seen or at) if held else None
+        lines.append(
+            {
+                "at": float(at),
+                "oldest_snapshot_xid_age": xids_per_s * (at - hold_from) if held else 0.0,
+                "oldest_snapshot_age_s": float(at - first_seen) if first_seen else 0.0,
+            }
+        )
+    return lines
+
+
+@pytest.mark.parametrize("xids_per_s", [50, 300, 3000])
+def test_a_held_snapshot_pages_within_12_minutes_whatever_the_write_rate(
+    xids_per_s: int, host: Path
+) -> None:
+    """The rendered worker module's snapshot alarms, evaluated as CloudWatch does
+    (`bench/churn.py`, which `make bench-scale` runs on a real hold) on a worker's queue
+    stats lines: the earliest fires within 12 minutes of the hold starting, on a quiet
+    database and a busy one (an age in transaction ids alone pages after an hour at 300/s)."""
+    hold_from = 1_000_017.0  # not aligned to a period
+    lines = _held_snapshot_lines(xids_per_s, hold_from)
+    fired = []
+    for resource in ALARMS:
+        alarm = alarm_from_module(host, resource)
+        samples = [(line["at"], line[alarm.field]) for line in lines]
+        if (at := first_alarm_at(samples, alarm)) is not None:
+            fired.append(at - hold_from)
+
+    assert fired, "no snapshot alarm fires during a 20-minute hold"
+    assert min(fired) <= 12 * 60

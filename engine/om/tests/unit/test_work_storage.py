@@ -126,10 +126,10 @@ async def test_sqlite_and_memory_have_no_snapshot_to_report(tmp_path: Path) -> N
     create_all(url)
     funnel = StorageFunnel(dict.fromkeys(DatabaseRole, create_async_engine(url)))
     try:
-        assert await SqliteWorkStorage(funnel).oldest_snapshot_xid_age(EMPTY_UUID) is None
+        assert await SqliteWorkStorage(funnel).oldest_snapshot(EMPTY_UUID) is None
     finally:
         await funnel.dispose()
-    assert await MemoryWorkStorage().oldest_snapshot_xid_age(EMPTY_UUID) is None
+    assert await MemoryWorkStorage().oldest_snapshot(EMPTY_UUID) is None
 
 
 @pytest.mark.parametrize(

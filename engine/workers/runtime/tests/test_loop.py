@@ -1566,6 +1566,8 @@ async def test_a_sweep_pass_logs_one_queue_stats_line_with_the_fields_the_alarms
     loop.metrics.completions_failed.labels(kind=kind).inc()
     snapshot = default_metrics().oldest_snapshot_xid_age  # the manager's, process-wide
     snapshot.labels(database="queue_stats_line").set(123456)
+    held = default_metrics().oldest_snapshot_age
+    held.labels(database="queue_stats_line").set(42.25)
     await asyncio.sleep(0.2)  # the items wait, on the storage's clock
 
     try:
@@ -1576,6 +1578,7 @@ async def test_a_sweep_pass_logs_one_queue_stats_line_with_the_fields_the_alarms
             await _sweep(loop).sweep_once()
     finally:
         snapshot.remove("queue_stats_line")
+        held.remove("queue_stats_line")
 
     first, second = _queue_stats_lines(caplog)
     assert list(first) == ["event", *QUEUE_STATS_FIELDS], "every field, all read this pass"
@@ -1584,6 +1587,7 @@ async def test_a_sweep_pass_logs_one_queue_stats_line_with_the_fields_the_alarms
     assert 0.15 <= first["oldest_available_age_s"] < 30
     assert first["dead_letters_unaudited"] == 0
     assert first["oldest_snapshot_xid_age"] >= 123456
+    assert first["oldest_snapshot_age_s"] >= 42.2
     failures = ("claim_failures", "lease_renewal_failures", "completion_failures")
     assert [first[name] for name in failures] == [3, 2, 1]
     assert [second[name] for name in failures] == [1, 0, 0], "counted since the line before"
@@ -1705,8 +1709,8 @@ async def test_the_oldest_snapshot_gauge_rises_while_a_session_holds_one_and_fal
 ) -> None:
     """Real PostgreSQL: a `REPEATABLE READ` transaction of another role (the admin) holds
     its snapshot while 50 transactions commit; the sweep, as `acme_app`, reads its age in
-    transaction ids from `pg_stat_activity` (and logs it in its `queue stats` line).
-    Committed, the age falls back near 0."""
+    transaction ids from `pg_stat_activity` (and logs it in its `queue stats` line), and
+    times the hold from its first sighting. Committed, both fall back near 0."""
     queue = ProbeContainer.for_tests(pg_storage, Infra.memory())
     loop = make_loop(
         work=queue.managers.work,
@@ -1725,10 +1729,11 @@ async def test_the_oldest_snapshot_gauge_rises_while_a_session_holds_one_and_fal
         for _ in range(transactions):
             await burner.fetchval("SELECT txid_current()")  # one transaction id each
 
-    def gauge() -> float | None:
-        return REGISTRY.get_sample_value(
-            "work_queue_oldest_snapshot_xid_age", {"database": str(database)}
-        )
+    def gauge(name: str = "work_queue_oldest_snapshot_xid_age") -> float | None:
+        return REGISTRY.get_sample_value(name, {"database": str(database)})
+
+    def held_s() -> float | None:
+        return gauge("work_queue_oldest_snapshot_age_seconds")
 
     try:
         holding = holder.transaction(isolation="repeatable_read")
@@ -1737,14 +1742,15 @@ async def test_the_oldest_snapshot_gauge_rises_while_a_session_holds_one_and_fal
         await burn(50)
         with caplog.at_level(logging.INFO):
             await _sweep(loop).sweep_once()
-        held = gauge()
+        held, first_held_s = gauge(), held_s()
         await burn(20)
+        await asyncio.sleep(1.0)
         await _sweep(loop).sweep_once()
-        still_held = gauge()
+        still_held, still_held_s = gauge(), held_s()
         await holding.commit()
         await burn(1)
         await _sweep(loop).sweep_once()
-        released = gauge()
+        released, released_s = gauge(), held_s()
     finally:
         await holder.close()
         await burner.close()
@@ -1757,6 +1763,10 @@ async def test_the_oldest_snapshot_gauge_rises_while_a_session_holds_one_and_fal
     assert first_line["oldest_snapshot_xid_age"] >= held
     assert still_held >= held + 20  # it keeps growing while the snapshot is held
     assert released < 10
+    assert first_held_s is not None
+    assert still_held_s is not None
+    assert still_held_s >= first_held_s + 1.0  # the same snapshot, timed across passes
+    assert released_s == 0
     assert sample(loop.metrics, "worker_sweep_errors_total", step="queue_stats") == 0
 
 

@@ -324,5 +324,7 @@ class WorkManagerInterface(ABC):
         `audit_owed`, which also sets the gauge `work_dead_letters_unaudited{kind}`. On
         PostgreSQL it also sets `work_queue_oldest_snapshot_xid_age{database}`: the age, in
         transaction ids, of the oldest snapshot another session of the database holds
-        (`WorkStorageInterface.oldest_snapshot_xid_age`); elsewhere that gauge stays unset.
+        (`WorkStorageInterface.oldest_snapshot`), and
+        `work_queue_oldest_snapshot_age_seconds{database}`: how long this process has seen
+        it held; elsewhere those gauges stay unset.
         """

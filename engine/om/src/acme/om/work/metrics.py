@@ -18,8 +18,9 @@ class WorkMetrics:
     is not written yet, as the last `queue_stats` counted them (each sweep pass);
     `oldest_snapshot_xid_age` is a gauge too: in transaction ids, how far the oldest snapshot
     another session of the `database` holds lags behind, as the last `queue_stats` read it
-    (PostgreSQL only). One set per registry (a second raises `ValueError`);
-    `default_metrics()` is the process-wide one.
+    (PostgreSQL only), and `oldest_snapshot_age` how long, in seconds, this process has seen
+    that same snapshot held (from its first sighting). One set per registry (a second
+    raises `ValueError`); `default_metrics()` is the process-wide one.
     """
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
@@ -66,6 +67,14 @@ class WorkMetrics:
             "work_queue_oldest_snapshot_xid_age",
             "Transaction ids since the oldest snapshot another session of the queue's "
             "database holds was taken: what vacuum of work_items must keep (PostgreSQL only; "
+            "refreshed by each sweep).",
+            ["database"],
+            registry=registry,
+        )
+        self.oldest_snapshot_age = Gauge(
+            "work_queue_oldest_snapshot_age_seconds",
+            "Seconds this process has seen the oldest snapshot another session of the queue's "
+            "database holds kept unchanged, from its first sighting (PostgreSQL only; "
             "refreshed by each sweep).",
             ["database"],
             registry=registry,

@@ -100,6 +100,7 @@ class WorkManagerImpl(OperatorCommands):
         self._wake_ups = WakeUpPublisher(topics, coalesce_s=wake_up_coalesce_s)
         self._dead_letters = DeadLetterAudits(storage, audit, self._metrics)
         self._unaudited_kinds: set[str] = set()
+        self._snapshot_seen: tuple[str, float] | None = None
 
     # -- enqueue -------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ the operator's name when given."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, NoReturn
 from uuid import UUID
 
@@ -40,6 +41,7 @@ class OperatorCommands(WorkManagerInterface):
     _wake_ups: WakeUpPublisher
     _dead_letters: DeadLetterAudits
     _unaudited_kinds: set[str]
+    _snapshot_seen: tuple[str, float] | None
 
     # -- maintenance ---------------------------------------------------------------------
 
@@ -225,11 +227,25 @@ class OperatorCommands(WorkManagerInterface):
         for kind in self._unaudited_kinds | set(unaudited):
             self._metrics.dead_letters_unaudited.labels(kind=kind).set(unaudited.get(kind, 0))
         self._unaudited_kinds |= set(unaudited)
-        snapshot = await self._storage.oldest_snapshot_xid_age(EMPTY_UUID)
+        snapshot = await self._storage.oldest_snapshot(EMPTY_UUID)
         if snapshot is not None:
-            database, xid_age = snapshot
-            self._metrics.oldest_snapshot_xid_age.labels(database=database).set(xid_age)
+            database = snapshot.database
+            self._metrics.oldest_snapshot_xid_age.labels(database=database).set(snapshot.xid_age)
+            held_s = self._snapshot_held_s(snapshot.xmin)
+            self._metrics.oldest_snapshot_age.labels(database=database).set(held_s)
         return stats
+
+    def _snapshot_held_s(self, xmin: str | None) -> float:
+        """Seconds since this process first saw `xmin` as the oldest snapshot's, 0 with none
+        held: the hold timed from its first sighting, so short by at most one stats pass
+        (the times of other roles' sessions are not readable without `pg_read_all_stats`)."""
+        now = time.monotonic()
+        if xmin is None:
+            self._snapshot_seen = None
+            return 0.0
+        if self._snapshot_seen is None or self._snapshot_seen[0] != xmin:
+            self._snapshot_seen = (xmin, now)
+        return now - self._snapshot_seen[1]
 
 
 def _with_operator(detail: dict[str, Any], operator: str | None) -> dict[str, Any]:

@@ -105,6 +105,20 @@ class NewItems:
 
 
 @dataclass(frozen=True)
+class OldestSnapshot:
+    """The oldest snapshot another session of the queue's database holds (PostgreSQL).
+
+    `xid_age`: transaction ids since it was taken, 0 when no session holds one; `xmin`: its
+    `backend_xmin` as text (None when none is held), which stays the same for as long as
+    that one snapshot is held, so a reader can time the hold.
+    """
+
+    database: str
+    xid_age: int
+    xmin: str | None
+
+
+@dataclass(frozen=True)
 class OwedAudit:
     """A dead letter whose `work.dead_lettered` audit entry is not written yet.
 
@@ -371,15 +385,14 @@ class WorkStorageInterface(ABC):
         """
 
     @abstractmethod
-    async def oldest_snapshot_xid_age(self, org_id: UUID) -> tuple[str, int] | None:
-        """How far the oldest snapshot of another session holds back the queue's cleanup.
+    async def oldest_snapshot(self, org_id: UUID) -> OldestSnapshot | None:
+        """The oldest snapshot of another session, which holds back the queue's cleanup.
 
-        On PostgreSQL: `(database name, max(age(backend_xmin)))` over the other backends of
-        this database (`pg_stat_activity`, every role's sessions: a role without
-        `pg_read_all_stats` still sees each one's `backend_xmin`), the age in transaction
-        ids, 0 when none holds a snapshot. None on storages without MVCC vacuum (SQLite,
-        memory). `org_id` is the session's scope only (`EMPTY_UUID`): the horizon belongs
-        to the whole database.
+        On PostgreSQL: the backend of this database with the oldest `backend_xmin`
+        (`pg_stat_activity`, every role's sessions: a role without `pg_read_all_stats` still
+        sees each one's `backend_xmin`, though not its times). None on storages without MVCC
+        vacuum (SQLite, memory). `org_id` is the session's scope only (`EMPTY_UUID`): the
+        horizon belongs to the whole database.
         """
 
     @abstractmethod

@@ -98,6 +98,7 @@ QUEUE_STATS_FIELDS = (
     "oldest_available_age_s",
     "dead_letters_unaudited",
     "oldest_snapshot_xid_age",
+    "oldest_snapshot_age_s",
     "claim_failures",
     "lease_renewal_failures",
     "completion_failures",
@@ -113,11 +114,12 @@ where the host's deployment turns them into metrics; docs/operations.md, Alerts)
 
 The loop's own lane (`lane`) and kinds: `available` items (due or not) and
 `oldest_available_age_s` (the oldest due one's wait, on the database clock),
-`dead_letters_unaudited`; across the database, `oldest_snapshot_xid_age` (PostgreSQL
-only). Since this loop's previous line: `claim_failures`, `lease_renewal_failures`,
-`completion_failures`. `wake_up_channel_up`: 1 or 0. The outbox's four, across tenants,
-with an `outbox_stats` reader. Last, `stranded`: across lanes and kinds, the waiting items
-no worker claims (`rules.stranded`). A field this pass could not read is left out."""
+`dead_letters_unaudited`; across the database, `oldest_snapshot_xid_age` and
+`oldest_snapshot_age_s` (PostgreSQL only). Since this loop's previous line:
+`claim_failures`, `lease_renewal_failures`, `completion_failures`. `wake_up_channel_up`: 1
+or 0. The outbox's four, across tenants, with an `outbox_stats` reader. Last, `stranded`:
+across lanes and kinds, the waiting items no worker claims (`rules.stranded`). A field this
+pass could not read is left out."""
 
 
 def _sample_values(metric: MetricWrapperBase, suffix: str = "") -> list[float]:
@@ -222,6 +224,9 @@ class QueueStats:
         xid_ages = _sample_values(default_metrics().oldest_snapshot_xid_age)
         if xid_ages:
             line["oldest_snapshot_xid_age"] = int(max(xid_ages))
+        held = _sample_values(default_metrics().oldest_snapshot_age)
+        if held:
+            line["oldest_snapshot_age_s"] = round(max(held), 1)
 
     def _report_stranded(self, stats: Sequence[LaneStats]) -> int:
         """Log one WARNING naming each kind and lane with stranded items and how many, when

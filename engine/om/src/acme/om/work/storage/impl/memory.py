@@ -17,6 +17,7 @@ from acme.om.work.storage import (
     LEASE_EXPIRED_FINAL,
     UNREADABLE,
     Created,
+    OldestSnapshot,
     OwedAudit,
     WorkStorageInterface,
 )
@@ -451,8 +452,8 @@ class MemoryWorkStorage(WorkStorageInterface):
                 self._owed.pop(item_id, None)
             return len(doomed)
 
-    async def oldest_snapshot_xid_age(self, org_id: UUID) -> tuple[str, int] | None:
-        """See `WorkStorageInterface.oldest_snapshot_xid_age`: None, nothing to vacuum."""
+    async def oldest_snapshot(self, org_id: UUID) -> OldestSnapshot | None:
+        """See `WorkStorageInterface.oldest_snapshot`: None, nothing to vacuum."""
         return None
 
     async def queue_stats(self, org_id: UUID) -> list[LaneStats]:

@@ -33,6 +33,7 @@ from acme.om.work.storage import (
     WAKE_UP_CHANNEL,
     Created,
     NewItems,
+    OldestSnapshot,
     WakeUps,
 )
 from acme.om.work.storage.impl.held_connections import (
@@ -103,9 +104,10 @@ _DRIVER_ERRORS = (
 # the times of other roles' sessions need `pg_read_all_stats`); the sweep's own backend is
 # left out, its snapshot being the newest there is.
 _OLDEST_SNAPSHOT = text(
-    "SELECT current_database(), coalesce(max(age(backend_xmin)), 0) FROM pg_stat_activity"
-    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-    " AND backend_xmin IS NOT NULL"
+    "SELECT current_database(), oldest.xid_age, oldest.xmin FROM (SELECT 1) AS one"
+    " LEFT JOIN LATERAL (SELECT age(backend_xmin) AS xid_age, backend_xmin::text AS xmin"
+    " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    " AND backend_xmin IS NOT NULL ORDER BY age(backend_xmin) DESC LIMIT 1) AS oldest ON true"
 )
 
 
@@ -270,15 +272,13 @@ class PostgresWorkStorage(SqlWorkStorage):
     def _seconds_since(self, moment: ColumnElement[datetime]) -> ColumnElement[float]:
         return func.date_part("epoch", func.statement_timestamp() - moment, type_=Float)
 
-    async def oldest_snapshot_xid_age(self, org_id: UUID) -> tuple[str, int] | None:
-        """See `WorkStorageInterface.oldest_snapshot_xid_age`: the database's name and
-        `age(backend_xmin)` of the oldest snapshot another backend of it holds, in
-        transaction ids (0 when none does). A `REPEATABLE READ` transaction or a session
-        idle in a transaction keeps its snapshot, and vacuum cannot remove a `work_items`
-        row version that died after it was taken."""
+    async def oldest_snapshot(self, org_id: UUID) -> OldestSnapshot | None:
+        """See `WorkStorageInterface.oldest_snapshot`. A `REPEATABLE READ` transaction, a
+        long statement or a session idle in a transaction keeps its snapshot, and vacuum
+        cannot remove a `work_items` row version that died after it was taken."""
         async with self._session(DatabaseRole.QUEUE, org_id) as conn:
-            database, age = (await conn.execute(_OLDEST_SNAPSHOT)).one()
-        return str(database), int(age)
+            database, age, xmin = (await conn.execute(_OLDEST_SNAPSHOT)).one()
+        return OldestSnapshot(str(database), int(age or 0), None if xmin is None else str(xmin))
 
     def wake_ups(self) -> WakeUps | None:
         """LISTEN on `WAKE_UP_CHANNEL` over a connection of its own from the queue role's

@@ -33,6 +33,7 @@ from acme.om.work.storage import (
     LANE_MOVED,
     LEASE_EXPIRED,
     LEASE_EXPIRED_FINAL,
+    OldestSnapshot,
     OwedAudit,
     WorkStorageInterface,
 )
@@ -393,8 +394,8 @@ class SqlOperatorStatements(WorkStorageInterface):
             for r in rows
         ]
 
-    async def oldest_snapshot_xid_age(self, org_id: UUID) -> tuple[str, int] | None:
-        """See `WorkStorageInterface.oldest_snapshot_xid_age`: None, as SQLite keeps no
+    async def oldest_snapshot(self, org_id: UUID) -> OldestSnapshot | None:
+        """See `WorkStorageInterface.oldest_snapshot`: None, as SQLite keeps no
         old row versions; `PostgresWorkStorage` reads it."""
         return None
 
