@@ -12,31 +12,30 @@ Not part of CI (a full run took 44 min on 2 cores). Set-up:
    database made by the host's `scripts/infra-up.sh`, the schema by `make migrate`;
 3. `BENCH_SCALE_TENANTS` (100) tenants in `orgs`.
 
-Then, one worker process (`.venv/bin/shipment-notifier serve`, capacity
-`BENCH_SCALE_CAPACITY`, 10; no Redis: PostgreSQL NOTIFY wake-ups) per phase:
-1. the baseline: `BENCH_SCALE_BASELINE` (20,000) due items over the tenants, written by
-   `INSERT ... SELECT generate_series`, drained from the worker's start to the last
-   completion (`make bench`'s 20k row, in this cluster), the claim statement's mean
-   execution time from `pg_stat_statements` over that drain (the near-empty table);
-2. the load: `BENCH_SCALE_HISTORY` (10,000,000) completed rows of history and
-   `BENCH_SCALE_DUE` (1,000,000) due items over the tenants, generated in the database
-   (`COMPLETED_RETENTION` set to keep them), then `VACUUM ANALYZE` (a settled table);
-3. the drain of every due item, minute by minute (`BENCH_SCALE_MINUTE`, 60 s): items
-   completed (the worker's `worker_items_completed_total`), the claim statement's calls and
-   mean time in that minute, `work_items`' dead tuples, autovacuum runs and the claim
-   index's size; then the index pages one claim reads right after the drain (`EXPLAIN
-   (ANALYZE, BUFFERS)` of the claim's scan) before any vacuum can run.
+Then the phases of `BENCH_SCALE_PHASES` (`drain,curve,churn`), in that order:
 
-Bounds (issue 31): the claim's mean over the big drain at most `CLAIM_BOUND` (1.2) x its
-mean on the near-empty table, and every full minute of the drain at least `DRAIN_BOUND`
-(0.9) x the baseline's items/s. Prints one table; writes `.bench/scale-results.json`;
-exits 1 when a bound is missed or an item is left undone.
+- `drain`: one worker process (capacity `BENCH_SCALE_CAPACITY`, 10; no Redis: PostgreSQL
+  NOTIFY wake-ups) drains the baseline, `BENCH_SCALE_BASELINE` (20,000) due items on the
+  near-empty table (`make bench`'s 20k row, in this cluster), with the claim statement's
+  mean time from `pg_stat_statements`; then `BENCH_SCALE_HISTORY` (10,000,000) completed
+  rows and `BENCH_SCALE_DUE` (1,000,000) due items are generated in the database and
+  drained, a row per `BENCH_SCALE_MINUTE` (60 s): items/s, the claim's calls and mean, dead
+  tuples, autovacuum runs, the claim index's pages; last, the pages one claim reads right
+  after the drain (`EXPLAIN (ANALYZE, BUFFERS)`). Bounds: the claim's mean over the drain
+  at most `CLAIM_BOUND` (1.2) x the near-empty one's, every full minute at least
+  `DRAIN_BOUND` (0.9) x the baseline's items/s.
+- `curve` and `churn`: `bench/churn.py` (1, 2, 4 and 8 worker processes; steady traffic
+  with a short retention and a held snapshot, the alarm evaluated on the recorded gauge).
 
-Knobs (environment): BENCH_SCALE_HISTORY, BENCH_SCALE_DUE, BENCH_SCALE_BASELINE,
-BENCH_SCALE_TENANTS, BENCH_SCALE_CAPACITY, BENCH_SCALE_MINUTE (seconds per row of the
-drain), BENCH_SCALE_TIMEOUT (seconds, the big drain's limit: 3600), BENCH_SCALE_NAPTIME
+Prints the tables and every bound; writes `.bench/scale-results.json`; exits 1 when a
+bound is missed or an item is left undone.
+
+Knobs (environment): BENCH_SCALE_PHASES, BENCH_SCALE_HISTORY, BENCH_SCALE_DUE,
+BENCH_SCALE_BASELINE, BENCH_SCALE_TENANTS, BENCH_SCALE_CAPACITY, BENCH_SCALE_MINUTE,
+BENCH_SCALE_TIMEOUT (seconds, a drain's limit: 3600), BENCH_SCALE_NAPTIME
 (autovacuum_naptime, seconds: 15), BENCH_SCALE_SHARED_BUFFERS (1GB), BENCH_SCALE_FSYNC
-(off), BENCH_SCALE_KEEP=1 (leave the cluster running at the end, for a look by hand).
+(off), BENCH_SCALE_KEEP=1 (leave the cluster running at the end, for a look by hand), and
+`bench/churn.py`'s.
 """
 
 from __future__ import annotations
@@ -44,66 +43,36 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import shutil
-import sys
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 import asyncpg
+import churn
+from scale_cluster import (
+    BASELINE,
+    CAPACITY,
+    DUE,
+    FSYNC,
+    HISTORY,
+    KEEP,
+    NAPTIME,
+    RETENTION_S,
+    SERVER_SETTINGS,
+    TENANTS,
+    TIMEOUT,
+    WORK,
+    Scale,
+    completed,
+    remove_leftovers,
+    say,
+    table_stats,
+)
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO / "engine" / "om" / "tests"))
-sys.path.insert(0, str(REPO / "bench"))
-
-import chaos  # the throwaway cluster (`Postgres`, `cluster_root`), reused as is
-import demo  # the host preparation, reused as is
-from run import WorkerProcess, _env_int, _reserved_connections  # make bench's, reused as is
-from work_network import free_port  # the engine tests' own, stdlib only
-
-WORK = REPO / ".bench"
-HANDLER = Path("workers/shipment-notifier/src/acme/workers/shipment_notifier/handler.py")
-PREFIX = "SHIPMENT_NOTIFIER_"
-EMPTY = "00000000-0000-0000-0000-000000000000"
 CLAIM_BOUND = 1.2
 DRAIN_BOUND = 0.9
-
-
-HISTORY = _env_int("BENCH_SCALE_HISTORY", 10_000_000)
-DUE = _env_int("BENCH_SCALE_DUE", 1_000_000)
-BASELINE = _env_int("BENCH_SCALE_BASELINE", 20_000)
-TENANTS = _env_int("BENCH_SCALE_TENANTS", 100)
-CAPACITY = _env_int("BENCH_SCALE_CAPACITY", 10)
 MINUTE = float(os.environ.get("BENCH_SCALE_MINUTE", "60"))
-TIMEOUT = float(os.environ.get("BENCH_SCALE_TIMEOUT", "3600"))
-NAPTIME = _env_int("BENCH_SCALE_NAPTIME", 15)
-SHARED_BUFFERS = os.environ.get("BENCH_SCALE_SHARED_BUFFERS", "1GB")
-FSYNC = os.environ.get("BENCH_SCALE_FSYNC", "off")
-KEEP = os.environ.get("BENCH_SCALE_KEEP") == "1"
-CHUNK = 1_000_000  # rows per generating statement (one commit each)
-RETENTION_S = 90 * 86400  # COMPLETED_RETENTION: the generated history is under a day old
-
-# Production-like, after chaos.Postgres's scratch settings (later lines win).
-SERVER_SETTINGS = f"""
-fsync = {FSYNC}
-full_page_writes = {FSYNC}
-shared_buffers = {SHARED_BUFFERS}
-effective_cache_size = 4GB
-maintenance_work_mem = 256MB
-work_mem = 16MB
-max_wal_size = 8GB
-checkpoint_timeout = 15min
-autovacuum = on
-autovacuum_naptime = {NAPTIME}s
-track_io_timing = on
-shared_preload_libraries = 'pg_stat_statements'
-pg_stat_statements.track = all
-log_autovacuum_min_duration = 0
-"""
+PHASES = os.environ.get("BENCH_SCALE_PHASES", "drain,curve,churn").split(",")
 
 CLAIM_QUERY = "WITH picked AS (SELECT id FROM work_items%"
 # The claim's scan as the claim statement runs it (postgres_statements.claim_statement).
@@ -115,127 +84,6 @@ CLAIM_SCAN = (
 )
 
 
-def say(message: str) -> None:
-    print(f"bench-scale: {message}", flush=True)
-
-
-def generate_sql(*, count: int, offset: int, status: str) -> str:
-    """`count` rows of NOTIFY_SHIPMENT on lane `default`, row n of the run at tenant
-    n mod TENANTS: `COMPLETED` history over the last day, or `AVAILABLE` items due over the
-    last 10 minutes, oldest first by n; `offset` continues n across chunks."""
-    if status == "COMPLETED":
-        at = f"now() - interval '1 day' + g * interval '{86000.0 / max(HISTORY, 1):.9f} s'"
-        completed, attempts = "at + interval '1 second'", 1
-    else:
-        at = f"now() - interval '10 minutes' + g * interval '{500.0 / max(DUE, 1):.9f} s'"
-        completed, attempts = "NULL", 0
-    return (
-        "WITH o AS (SELECT array_agg(id ORDER BY id) AS ids FROM orgs WHERE name LIKE 'scale-%')"
-        " INSERT INTO work_items (id, org_id, kind, lane, payload, status, attempts,"
-        " max_attempts, available_at, completed_at, created_at, updated_at, created_by,"
-        " updated_by)"
-        f" SELECT gen_random_uuid(), o.ids[1 + g % {TENANTS}], 'NOTIFY_SHIPMENT', 'default',"
-        " jsonb_build_object('record_id', gen_random_uuid()),"
-        f" '{status}', {attempts}, 5, at, {completed}, at, coalesce({completed}, at),"
-        f" '{EMPTY}', '{EMPTY}'"
-        f" FROM o, generate_series({offset + 1}, {offset + count}) AS g, LATERAL (SELECT {at} AS at) t"
-    )
-
-
-class Scale:
-    """The cluster, the rendered host and one admin connection (superuser `postgres`)."""
-
-    def __init__(self) -> None:
-        self.pg = chaos.Postgres(chaos.cluster_root(), free_port())
-        self.host = WORK / "scale" / "host"
-        self.logs = WORK / "scale" / "logs"
-        self.env: dict[str, str] = {}
-        self.pool_extra = 4
-
-    # -- set-up ------------------------------------------------------------------------
-
-    def start(self) -> None:
-        say(f"PostgreSQL cluster in {self.pg.root} on port {self.pg.port}")
-        self.pg.init()
-        with (self.pg.data / "postgresql.conf").open("a", encoding="utf-8") as conf:
-            conf.write(SERVER_SETTINGS)
-        self.pg.start()
-
-    def prepare(self) -> None:
-        say("rendering shipment-notifier into a fresh reference host (.bench/scale/host)")
-        host = demo.prepare_host(self.host.parent)
-        demo.render(host, demo.Worker(*demo.FIRST, port=0, log=self.logs / "unused.log"))
-        shutil.copyfile(REPO / "bench" / "host_noop_handler.py", host / HANDLER)
-        env = chaos.host_env()
-        demo.run(
-            ["uv", "sync", "--offline", "--all-packages", "--quiet", "--compile-bytecode"],
-            cwd=host,
-            env=env,
-        )
-        say("roles, database and schema (the host's infra-up.sh and make migrate)")
-        # infra-up.sh also wants a Redis to answer: the shared one's ping; the worker runs
-        # without Redis (NOTIFY wake-ups).
-        infra = {**env, "ACME_PGHOST": "127.0.0.1", "ACME_PGPORT": str(self.pg.port)}
-        demo.run(["bash", "scripts/infra-up.sh"], cwd=host, env=infra)
-        owner = self.pg.url("acme_owner").replace("postgresql:", "postgresql+asyncpg:")
-        demo.run(["make", "-s", "migrate"], cwd=host, env={**env, "ACME_MIGRATION_URL": owner})
-        env["ACME_DATABASE_URL"] = self.pg.url("acme_app").replace(
-            "postgresql:", "postgresql+asyncpg:"
-        )
-        self.env = env
-        self.pool_extra = _reserved_connections(host, env)
-        self.logs.mkdir(parents=True, exist_ok=True)
-
-    async def connect(self) -> asyncpg.Connection:
-        return await asyncpg.connect(self.pg.url(), command_timeout=None)
-
-    async def seed_tenants(self, conn: asyncpg.Connection) -> None:
-        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        await conn.execute(
-            "INSERT INTO orgs (id, name, created_at, updated_at, created_by, updated_by)"
-            f" SELECT gen_random_uuid(), 'scale-' || n, now(), now(), '{EMPTY}', '{EMPTY}'"
-            f" FROM generate_series(1, {TENANTS}) AS n"
-        )
-
-    async def generate(self, conn: asyncpg.Connection, *, count: int, status: str) -> float:
-        """Write `count` rows of `status` in chunks; returns the seconds it took."""
-        started = time.monotonic()
-        for offset in range(0, count, CHUNK):
-            size = min(CHUNK, count - offset)
-            await conn.execute(generate_sql(count=size, offset=offset, status=status))
-            if count > CHUNK:
-                rate = (offset + size) / (time.monotonic() - started)
-                say(f"  {status}: {offset + size:,} of {count:,} ({rate:,.0f} rows/s)")
-        return time.monotonic() - started
-
-    # -- the worker --------------------------------------------------------------------
-
-    def start_worker(self, tag: str) -> tuple[WorkerProcess, int]:
-        port = free_port()
-        env = {
-            **self.env,
-            f"{PREFIX}CAPACITY": str(CAPACITY),
-            f"{PREFIX}DATABASE_POOL_SIZE": str(CAPACITY + self.pool_extra),
-            f"{PREFIX}METRICS_PORT": str(port),
-            f"{PREFIX}COMPLETED_RETENTION": str(RETENTION_S),
-            "ACME_LOG_LEVEL": "WARNING",
-        }
-        cmd = [str(self.host / ".venv" / "bin" / "shipment-notifier"), "serve"]
-        return WorkerProcess(cmd, cwd=self.host, env=env, log=self.logs / f"{tag}.log"), port
-
-
-def completed(port: int) -> int | None:
-    """The worker's `worker_items_completed_total`, summed over kinds; None when its metrics
-    port does not answer (yet)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
-            text = answer.read().decode()
-    except (urllib.error.URLError, OSError):
-        return None
-    found = re.findall(r"^worker_items_completed_total\{[^}]*\} ([0-9.e+]+)$", text, re.MULTILINE)
-    return int(sum(float(v) for v in found))
-
-
 async def claim_stats(conn: asyncpg.Connection) -> tuple[int, float]:
     """The claim statement's calls and total execution time (ms) so far."""
     row = await conn.fetchrow(
@@ -245,15 +93,6 @@ async def claim_stats(conn: asyncpg.Connection) -> tuple[int, float]:
         CLAIM_QUERY,
     )
     return int(row["calls"]), float(row["ms"])
-
-
-async def table_stats(conn: asyncpg.Connection) -> dict[str, Any]:
-    row = await conn.fetchrow(
-        "SELECT n_live_tup, n_dead_tup, autovacuum_count,"
-        " pg_relation_size('ix_work_items_claimable') / 8192 AS claim_index_pages"
-        " FROM pg_stat_user_tables WHERE relname = 'work_items'"
-    )
-    return dict(row)
 
 
 async def claim_scan_pages(conn: asyncpg.Connection) -> dict[str, Any]:
@@ -327,7 +166,6 @@ async def drain(
 async def measure(scale: Scale) -> dict[str, Any]:
     conn = await scale.connect()
     try:
-        await scale.seed_tenants(conn)
         say(f"baseline: {BASELINE:,} due items over {TENANTS} tenants on a near-empty table")
         await scale.generate(conn, count=BASELINE, status="AVAILABLE")
         await conn.execute("VACUUM ANALYZE work_items")
@@ -379,18 +217,18 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {
             "name": f"claim mean over the drain <= {CLAIM_BOUND} x near-empty",
-            "ratio": None if claim_ratio is None else round(claim_ratio, 2),
+            "value": None if claim_ratio is None else round(claim_ratio, 2),
             "ok": claim_ratio is not None and claim_ratio <= CLAIM_BOUND,
         },
         {
             "name": f"every full minute of the drain >= {DRAIN_BOUND} x the baseline's items/s",
-            "ratio": None if drain_ratio is None else round(drain_ratio, 2),
+            "value": None if drain_ratio is None else round(drain_ratio, 2),
             "ok": drain_ratio is not None and drain_ratio >= DRAIN_BOUND and big["complete"],
         },
     ]
 
 
-def print_table(result: dict[str, Any], checks: list[dict[str, Any]]) -> None:
+def print_table(result: dict[str, Any]) -> None:
     base, big = result["baseline"], result["drain"]
     print(
         f"\nwork_items: {HISTORY:,} completed + {DUE:,} due over {TENANTS} tenants; "
@@ -420,8 +258,33 @@ def print_table(result: dict[str, Any], checks: list[dict[str, Any]]) -> None:
         f"\none claim's scan: {before['buffers']} buffers ({before['execution_ms']} ms) before "
         f"the drain, {after['buffers']} ({after['execution_ms']} ms) right after it"
     )
-    for check in checks:
-        print(f"{'met   ' if check['ok'] else 'MISSED'} {check['name']}: {check['ratio']}")
+
+
+async def phases(scale: Scale) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run each phase of `PHASES` in order on `scale`'s cluster; their records and bounds."""
+    conn = await scale.connect()
+    try:
+        await scale.seed_tenants(conn)
+    finally:
+        await conn.close()
+    result: dict[str, Any] = {}
+    checks: list[dict[str, Any]] = []
+    if "drain" in PHASES:
+        result["drain"] = await measure(scale)
+        checks += verdicts(result["drain"])
+        print_table(result["drain"])
+    if "curve" in PHASES:
+        say(f"workers: {churn.CURVE_ITEMS:,} due items drained by 1, 2, 4 and 8 processes")
+        result["curve"] = await churn.curve(scale)
+        checks += churn.curve_verdicts(result["curve"])
+    if "churn" in PHASES:
+        say(
+            f"churn: {churn.CHURN_RATE} items/s for {churn.CHURN_S} s, COMPLETED_RETENTION 60 s,"
+            f" a snapshot held from {churn.HOLD_FROM_S} s to {churn.HOLD_TO_S} s"
+        )
+        result["churn"] = await churn.churn(scale)
+        checks += churn.churn_verdicts(result["churn"], scale.host)
+    return result, checks
 
 
 def main() -> int:
@@ -429,22 +292,29 @@ def main() -> int:
     for tool in ("initdb", "pg_ctl"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench-scale: {tool} not found (PostgreSQL's server binaries)")
-    chaos.remove_leftovers()
+    remove_leftovers()
     scale = Scale()
     try:
         scale.start()
         scale.prepare()
-        result = asyncio.run(measure(scale))
+        result, checks = asyncio.run(phases(scale))
     finally:
         if KEEP:
             say(f"cluster left running: {scale.pg.url()} (pg_ctl -D {scale.pg.data} stop)")
         else:
             scale.pg.stop()
             shutil.rmtree(scale.pg.root, ignore_errors=True)
-    checks = verdicts(result)
-    print_table(result, checks)
+    if "curve" in result:
+        print("\n| worker processes | items/s | claimed again |\n|---|---|---|")
+        for point in result["curve"]["points"]:
+            print(
+                f"| {point['workers']} | {point['items_per_s']:,} | {point['rows_claimed_again']} |"
+            )
+    for check in checks:
+        print(f"{'met   ' if check['ok'] else 'MISSED'} {check['name']}: {check['value']}")
     result |= {
         "config": {
+            "phases": PHASES,
             "history": HISTORY,
             "due": DUE,
             "baseline": BASELINE,
