@@ -443,7 +443,9 @@ def _relative_import(
 
 
 def edit_roles(text: str, spec: Spec, limit: int) -> str:
-    """`storage/roles.py`: `work_items` in the queue role and org-scoped (new namespace)."""
+    """`storage/roles.py`: `work_items` in the queue role and org-scoped, `work_lane_pauses`
+    in the queue role and shared by every tenant (new namespace; an update adds the second
+    to a host that has the first)."""
     where = f"{spec.om}/storage/roles.py"
     module = _parse(text, where)
     if "QUEUE" not in pyedit.class_members(_class(module, "DatabaseRole", where)):
@@ -452,6 +454,8 @@ def edit_roles(text: str, spec: Spec, limit: int) -> str:
         raise Missing(f"{where}: `class TenancyScope` has no `ORG` member")
     module = _dict_add(module, "TABLE_ROLES", '"work_items"', "DatabaseRole.QUEUE", where)
     module = _dict_add(module, "TABLE_SCOPES", '"work_items"', "TenancyScope.ORG", where)
+    module = _dict_add(module, "TABLE_ROLES", '"work_lane_pauses"', "DatabaseRole.QUEUE", where)
+    module = _dict_add(module, "TABLE_SCOPES", '"work_lane_pauses"', "TenancyScope.GLOBAL", where)
     return module.code
 
 

@@ -51,6 +51,7 @@ NAMESPACE_FILES = [
         "types/work_item.py",
         "types/handler.py",
         "types/kinds.py",
+        "types/lanes.py",
         "impl/__init__.py",
         "impl/manager.py",
         "storage/__init__.py",
@@ -59,6 +60,7 @@ NAMESPACE_FILES = [
         "storage/impl/memory.py",
         "storage/tables/__init__.py",
         "storage/tables/work_items.py",
+        "storage/tables/work_lane_pauses.py",
     )
 ] + [*sorted(HOST_TESTS), f"{WORK}/enqueuers/__init__.py"]
 # The worker runtime (issue 13), rendered with the namespace by its owner.
@@ -99,6 +101,7 @@ MIGRATION_PATTERNS = [
         "work_items_audit_owed",
         "work_items_deleted",
         "work_items_vacuum",
+        "work_items_lane_pauses",
     )
     for path in (
         rf"sql/queue/\d{{14}}_{name}\.up\.sql",

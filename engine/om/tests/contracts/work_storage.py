@@ -6,7 +6,8 @@ database's clock is waited on), and a `store(storage, values)` that stores a row
 unvalidated, past the table's own checks (a row the storage's writes never make). The cases
 cover claim exclusivity, lease, requeue, fencing, idempotency, tenants and the raced claim,
 the replays of peers' failure reports (the template's docs/guarantees.md §2) that hold at
-the storage level, rows that cannot be read, and the audit entries dead letters owe.
+the storage level, rows that cannot be read, the audit entries dead letters owe, and
+paused lanes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from contracts.work_storage_base import (
     StorageCases,
 )
 from contracts.work_storage_claim import ClaimCases
+from contracts.work_storage_lanes import LaneCases
 from contracts.work_storage_rows import RowCases
 from contracts.work_storage_sweep import SweepCases
 
@@ -32,5 +34,5 @@ __all__ = [
 ]
 
 
-class WorkStorageContract(ClaimCases, SweepCases, RowCases):
+class WorkStorageContract(ClaimCases, SweepCases, RowCases, LaneCases):
     """The cases every work storage passes; subclasses provide `storage` and `advance`."""

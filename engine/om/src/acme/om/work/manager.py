@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from acme.om.context import OpContext, RequestContext
 from acme.om.outbox import OutboxRow
 from acme.om.work.storage import WakeUps
+from acme.om.work.types.lanes import LanePause, QueueSummary
 from acme.om.work.types.work_item import (
     LaneStats,
     UnreadableRow,
@@ -252,7 +253,12 @@ class WorkManagerInterface(ABC):
 
     @abstractmethod
     async def replay(
-        self, ctx: OpContext, item_id: UUID, *, operator: str | None = None
+        self,
+        ctx: OpContext,
+        item_id: UUID,
+        *,
+        operator: str | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> WorkItem:
         """Make a dead letter available again with its attempts reset; audited.
 
@@ -260,8 +266,15 @@ class WorkManagerInterface(ABC):
         entry's `detail` as `"operator"`; the entry's actor stays `ctx.user_id`. A dead
         letter whose own audit entry is still owed gets it first.
 
+        `payload` replays it corrected: validated against the payload model of the item's
+        kind (`WORK_PAYLOADS`) before anything is written, it replaces the stored payload,
+        and the entry's `detail` holds both, `"old_payload"` and `"payload"` (a row whose
+        stored payload cannot be read keeps it as stored there).
+
         Raises `NotFound` for no such item, `Conflict` when it is not a live failed item,
-        `UnreadableItem` (nothing changed) for a row that cannot be read.
+        `Invalid` naming the field of a refused `payload` (nothing written),
+        `UnreadableItem` (nothing changed) for a row that cannot be read, unless a corrected
+        `payload` replaces what made it unreadable.
         """
 
     @abstractmethod
@@ -326,5 +339,47 @@ class WorkManagerInterface(ABC):
         transaction ids, of the oldest snapshot another session of the database holds
         (`WorkStorageInterface.oldest_snapshot`), and
         `work_queue_oldest_snapshot_age_seconds{database}`: how long this process has seen
-        it held; elsewhere those gauges stay unset.
+        it held; elsewhere those gauges stay unset. It also sets `work_lane_paused{lane}`: 1
+        for each paused lane, 0 for one resumed.
         """
+
+    @abstractmethod
+    async def pause_lane(
+        self,
+        rctx: RequestContext,
+        lane: str,
+        *,
+        actor: str,
+        reason: str | None = None,
+        also_known: Collection[str] = (),
+    ) -> LanePause:
+        """Pause `lane` for every tenant: no claim takes its items until `resume_lane`.
+
+        In-flight items finish, enqueues go on, `/healthz` is not touched (a pause is no
+        fault). `actor` (who asked) and `reason` are stored on the pause and written, with
+        the lane, into a `work.lane_paused` audit entry in every live tenant (every tenant's
+        items stop). A lane is known when the kinds module names it (`WORK_POLICIES`, every
+        kind's lane) or it is in `also_known` (a worker's own `LANE` setting).
+
+        Raises `Invalid` for a lane that is not known (naming the known ones), an empty
+        `actor`, `Conflict` when the lane is paused already (naming who paused it, when).
+        """
+
+    @abstractmethod
+    async def resume_lane(
+        self, rctx: RequestContext, lane: str, *, actor: str, reason: str | None = None
+    ) -> LanePause:
+        """Resume the paused `lane`; the pause lifted. Its workers are woken, and a
+        `work.lane_resumed` entry (`actor`, `reason`, the pause lifted) is written in every
+        live tenant. Raises `Conflict` when `lane` is not paused, naming the paused lanes;
+        `Invalid` for an empty `actor`."""
+
+    @abstractmethod
+    async def paused_lanes(self, rctx: RequestContext) -> list[LanePause]:
+        """The paused lanes, by name (read in the system scope)."""
+
+    @abstractmethod
+    async def queue_summary(self, rctx: RequestContext) -> QueueSummary:
+        """The queue at a glance, across every tenant (`QueueSummary`): counts per lane,
+        kind and status of the rows in play with each lane's oldest due age, the paused
+        lanes, and the workers holding items under a live lease. Reads no history."""

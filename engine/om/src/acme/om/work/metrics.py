@@ -19,8 +19,9 @@ class WorkMetrics:
     `oldest_snapshot_xid_age` is a gauge too: in transaction ids, how far the oldest snapshot
     another session of the `database` holds lags behind, as the last `queue_stats` read it
     (PostgreSQL only), and `oldest_snapshot_age` how long, in seconds, this process has seen
-    that same snapshot held (from its first sighting). One set per registry (a second
-    raises `ValueError`); `default_metrics()` is the process-wide one.
+    that same snapshot held (from its first sighting); `lane_paused` is 1 for each paused
+    lane, 0 once resumed, as the last `queue_stats` read them. One set per registry (a
+    second raises `ValueError`); `default_metrics()` is the process-wide one.
     """
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
@@ -77,6 +78,13 @@ class WorkMetrics:
             "database holds kept unchanged, from its first sighting (PostgreSQL only; "
             "refreshed by each sweep).",
             ["database"],
+            registry=registry,
+        )
+        self.lane_paused = Gauge(
+            "work_lane_paused",
+            "1 while the lane is paused (no claim takes its items), 0 once resumed "
+            "(refreshed by each sweep and by this process's pause and resume).",
+            ["lane"],
             registry=registry,
         )
 

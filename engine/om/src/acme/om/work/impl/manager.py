@@ -101,6 +101,7 @@ class WorkManagerImpl(OperatorCommands):
         self._dead_letters = DeadLetterAudits(storage, audit, self._metrics)
         self._unaudited_kinds: set[str] = set()
         self._snapshot_seen: tuple[str, float] | None = None
+        self._paused_gauged: set[str] = set()  # the lanes `work_lane_paused` was set for
 
     # -- enqueue -------------------------------------------------------------------------
 

@@ -1,25 +1,30 @@
 """The work manager's maintenance (the sweep's steps) and the operator's commands: listing,
-replay, discard, lane moves and the queue's statistics, each operator write audited under
-the operator's name when given."""
+replay (corrected or not), discard, lane moves, lane pauses, the queue's statistics and
+summary, each operator write audited under the operator's name when given."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection, Mapping
 from typing import Any, NoReturn
-from uuid import UUID
+from uuid import UUID, uuid5
+
+from pydantic import ValidationError
 
 from acme.om.audit import AuditManagerInterface
 from acme.om.context import OpContext, RequestContext
 from acme.om.errors import Conflict, Invalid, NotFound
 from acme.om.tenancy import TenancyManagerInterface
-from acme.om.types import EMPTY_UUID
+from acme.om.types import EMPTY_UUID, utc_now
 from acme.om.work.impl.dead_letters import SUBJECT_TYPE, DeadLetterAudits
 from acme.om.work.impl.wake_publisher import WakeUpPublisher
 from acme.om.work.manager import WorkManagerInterface
 from acme.om.work.metrics import WorkMetrics
-from acme.om.work.rules import refuse_bad_lane
+from acme.om.work.rules import field_path, policy_lane, refuse_bad_lane, refuse_nul
 from acme.om.work.storage import WorkStorageInterface
+from acme.om.work.types.lanes import LanePause, QueueSummary
 from acme.om.work.types.work_item import (
+    WORK_PAYLOADS,
     LaneStats,
     UnreadableItem,
     UnreadableRow,
@@ -42,6 +47,7 @@ class OperatorCommands(WorkManagerInterface):
     _dead_letters: DeadLetterAudits
     _unaudited_kinds: set[str]
     _snapshot_seen: tuple[str, float] | None
+    _paused_gauged: set[str]
 
     # -- maintenance ---------------------------------------------------------------------
 
@@ -112,10 +118,20 @@ class OperatorCommands(WorkManagerInterface):
         return item
 
     async def replay(
-        self, ctx: OpContext, item_id: UUID, *, operator: str | None = None
+        self,
+        ctx: OpContext,
+        item_id: UUID,
+        *,
+        operator: str | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> WorkItem:
+        detail: dict[str, Any] = {}
+        corrected = None
+        if payload is not None:
+            corrected, old_payload = await self._corrected(ctx, item_id, payload)
+            detail = {"old_payload": old_payload, "payload": corrected}
         await self._dead_letters.settle(ctx, item_id)
-        revived = await self._storage.revive_item(ctx.org_id, item_id)
+        revived = await self._storage.revive_item(ctx.org_id, item_id, payload=corrected)
         if revived is None:
             await self._refuse(ctx, item_id, "replayed")
         await self._audit.append(
@@ -123,7 +139,9 @@ class OperatorCommands(WorkManagerInterface):
             action="work.replayed",
             subject_type=SUBJECT_TYPE,
             subject_id=item_id,
-            detail=_with_operator({"kind": revived.kind.value, "lane": revived.lane}, operator),
+            detail=_with_operator(
+                {"kind": revived.kind.value, "lane": revived.lane, **detail}, operator
+            ),
         )
         self._wake_ups.owe([(revived.lane, revived.kind.value)])
         return revived
@@ -212,6 +230,29 @@ class OperatorCommands(WorkManagerInterface):
         )
         return discarded
 
+    async def _corrected(
+        self, ctx: OpContext, item_id: UUID, payload: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], Any]:
+        """`payload` as the item's kind's model validates it (JSON form), and the payload
+        it replaces as stored. Raises `NotFound`, or `Invalid` naming the refused field
+        (`payload.<field>: ...`), before anything is written."""
+        stored: Any
+        try:
+            item = await self.get(ctx, item_id)
+            kind, stored = item.kind.value, item.payload
+        except UnreadableItem as exc:  # a payload no model reads is what a correction fixes
+            kind, stored = exc.row.kind, exc.row.values.get("payload")
+        model = WORK_PAYLOADS.get(WorkKind(kind)) if policy_lane(kind) is not None else None
+        if model is None:
+            raise Invalid(f"payload: item {item_id} is of kind {kind}, which no model reads")
+        try:
+            corrected = model.model_validate(dict(payload)).model_dump(mode="json")
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise Invalid(f"{field_path(('payload', *first['loc']))}: {first['msg']}") from exc
+        refuse_nul(corrected, "payload", self._storage.backend)
+        return corrected, stored
+
     async def _refuse(self, ctx: OpContext, item_id: UUID, verb: str) -> NoReturn:
         """Raise why an operator write found nothing to change."""
         current = await self.get(ctx, item_id)
@@ -227,6 +268,10 @@ class OperatorCommands(WorkManagerInterface):
         for kind in self._unaudited_kinds | set(unaudited):
             self._metrics.dead_letters_unaudited.labels(kind=kind).set(unaudited.get(kind, 0))
         self._unaudited_kinds |= set(unaudited)
+        paused = {pause.lane for pause in await self._storage.paused_lanes(EMPTY_UUID)}
+        for lane in self._paused_gauged | paused:
+            self._metrics.lane_paused.labels(lane=lane).set(int(lane in paused))
+        self._paused_gauged |= paused
         snapshot = await self._storage.oldest_snapshot(EMPTY_UUID)
         if snapshot is not None:
             database = snapshot.database
@@ -246,6 +291,114 @@ class OperatorCommands(WorkManagerInterface):
         if self._snapshot_seen is None or self._snapshot_seen[0] != xmin:
             self._snapshot_seen = (xmin, now)
         return now - self._snapshot_seen[1]
+
+    # -- lanes ---------------------------------------------------------------------------
+
+    async def pause_lane(
+        self,
+        rctx: RequestContext,
+        lane: str,
+        *,
+        actor: str,
+        reason: str | None = None,
+        also_known: Collection[str] = (),
+    ) -> LanePause:
+        refuse_bad_lane(lane)
+        known = known_lanes(also_known)
+        if lane not in known:
+            raise Invalid(
+                f"lane: no worker claims on lane {lane}; the known lanes: {', '.join(known)}"
+            )
+        actor = _refuse_no_actor(actor)
+        pause, made = await self._storage.pause_lane(
+            EMPTY_UUID, lane, paused_by=actor, reason=reason
+        )
+        if not made:
+            raise Conflict(
+                f"lane: {lane} is paused already, by {pause.paused_by} at "
+                f"{pause.paused_at.isoformat(timespec='seconds')}; resume it first"
+            )
+        self._metrics.lane_paused.labels(lane=lane).set(1)
+        self._paused_gauged.add(lane)
+        await self._audit_lane(rctx, "work.lane_paused", pause, actor=actor, reason=reason)
+        return pause
+
+    async def resume_lane(
+        self, rctx: RequestContext, lane: str, *, actor: str, reason: str | None = None
+    ) -> LanePause:
+        actor = _refuse_no_actor(actor)
+        lifted = await self._storage.resume_lane(EMPTY_UUID, lane)
+        if lifted is None:
+            paused = [p.lane for p in await self._storage.paused_lanes(EMPTY_UUID)]
+            raise Conflict(
+                f"lane: {lane:.100} is not paused; the paused lanes: {', '.join(paused) or 'none'}"
+            )
+        self._metrics.lane_paused.labels(lane=lane).set(0)
+        self._wake_ups.owe((lane, kind.value) for kind in WorkKind)
+        await self._audit_lane(rctx, "work.lane_resumed", lifted, actor=actor, reason=reason)
+        return lifted
+
+    async def _audit_lane(
+        self,
+        rctx: RequestContext,
+        action: str,
+        pause: LanePause,
+        *,
+        actor: str,
+        reason: str | None,
+    ) -> None:
+        """One `action` entry per live tenant: a pause stops every tenant's items."""
+        detail = {
+            "lane": pause.lane,
+            "paused_at": pause.paused_at.isoformat(),
+            "paused_by": pause.paused_by,
+            "reason": reason,
+            "operator": actor,
+        }
+        for ctx in await self._tenancy.service_contexts(rctx):
+            await self._audit.append(
+                ctx,
+                action=action,
+                subject_type=LANE_SUBJECT_TYPE,
+                subject_id=lane_subject_id(pause.lane),
+                detail=detail,
+            )
+
+    async def paused_lanes(self, rctx: RequestContext) -> list[LanePause]:
+        return await self._storage.paused_lanes(EMPTY_UUID)
+
+    async def queue_summary(self, rctx: RequestContext) -> QueueSummary:
+        read_at = utc_now()
+        groups = await self.queue_stats(rctx)
+        paused = await self._storage.paused_lanes(EMPTY_UUID)
+        holding = await self._storage.holders(EMPTY_UUID)
+        return QueueSummary(groups=groups, paused=paused, workers_holding=holding, read_at=read_at)
+
+
+LANE_SUBJECT_TYPE = "work_lane"
+"""The `subject_type` of a lane's audit entries (`work.lane_paused`, `work.lane_resumed`)."""
+
+_LANE_NAMESPACE = UUID("9f1d2c64-5c55-4d39-a0a4-7b7f1a3c2e10")
+
+
+def lane_subject_id(lane: str) -> UUID:
+    """A lane's audit `subject_id`: the same UUID for a lane's name every time (UUID 5),
+    so `AuditManagerInterface.list_for` finds a lane's pauses and resumes together."""
+    return uuid5(_LANE_NAMESPACE, lane)
+
+
+def known_lanes(also_known: Collection[str] = ()) -> list[str]:
+    """The lanes a pause may name, sorted: every `WorkKind`'s lane as its policy names it
+    (the kinds module), and `also_known` (docs/decisions/0040)."""
+    lanes = {lane for kind in WorkKind if (lane := policy_lane(kind.value)) is not None}
+    return sorted(lanes | set(also_known))
+
+
+def _refuse_no_actor(actor: str) -> str:
+    """`actor` stripped; `Invalid` when nothing is left (a pause records who asked)."""
+    if not actor.strip():
+        raise Invalid("actor: a pause and a resume record who asked; name them")
+    return actor.strip()
 
 
 def _with_operator(detail: dict[str, Any], operator: str | None) -> dict[str, Any]:

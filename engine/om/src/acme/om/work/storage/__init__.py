@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import ClassVar
+from typing import Any, ClassVar
 from uuid import UUID
 
+from acme.om.work.types.lanes import LanePause
 from acme.om.work.types.work_item import (
     LaneStats,
     UnreadableRow,
@@ -277,7 +278,8 @@ class WorkStorageInterface(ABC):
         worker_id`, and a lease of `lease` seconds from the storage's now, all in that
         statement. Only rows
         `rules.is_claimable` accepts are taken, oldest `available_at` first; concurrent
-        claimers never receive the same row.
+        claimers never receive the same row. A paused lane (`pause_lane`) yields nothing:
+        the statement itself excludes the lanes `work_lane_pauses` lists at its snapshot.
 
         A claimed row that does not validate as a `WorkItem` is made a dead letter in the
         claim's own transaction, by an UPDATE fenced on the token the claim gave it:
@@ -318,13 +320,17 @@ class WorkStorageInterface(ABC):
         """
 
     @abstractmethod
-    async def revive_item(self, org_id: UUID, item_id: UUID) -> WorkItem | None:
-        """Make a failed item available again with its attempts reset (operator replay).
+    async def revive_item(
+        self, org_id: UUID, item_id: UUID, *, payload: dict[str, Any] | None = None
+    ) -> WorkItem | None:
+        """Make a failed item available again with its attempts reset (operator replay),
+        its payload replaced by `payload` when given (a corrected replay; the caller has
+        validated it against the kind's model).
 
         Conditional on the row being `FAILED` and not soft-deleted; None otherwise. A row
         that does not validate is left as it stood: `UnreadableItem`, or None when the
         table itself refuses it (a payload that is not a JSON object may stay only on a
-        `FAILED` or `COMPLETED` row).
+        `FAILED` or `COMPLETED` row; a corrected payload replaces it).
         """
 
     @abstractmethod
@@ -383,6 +389,37 @@ class WorkStorageInterface(ABC):
         the storage's clock, never negative. Every group carries `audit_owed`: its rows
         whose dead-letter audit entry is still owed.
         """
+
+    @abstractmethod
+    async def pause_lane(
+        self, org_id: UUID, lane: str, *, paused_by: str, reason: str | None
+    ) -> tuple[LanePause, bool]:
+        """Pause `lane` for every tenant: from the commit on, no `claim_next` takes its items.
+
+        One conditional insert into `work_lane_pauses` (`paused_at` the storage's now);
+        returns the pause as stored and whether this call made it (False: the lane was
+        paused already, and that pause is returned untouched). `org_id` is the session's
+        scope only, `EMPTY_UUID`: the table is shared by every tenant, and on PostgreSQL
+        its policy refuses any other scope a write (docs/decisions/0040).
+        """
+
+    @abstractmethod
+    async def resume_lane(self, org_id: UUID, lane: str) -> LanePause | None:
+        """Resume `lane`: delete its pause in one statement; the pause deleted, or None when
+        the lane was not paused. `org_id` as for `pause_lane`. A resume inserts no item, so
+        no insert notifies: the workers listening on the lane (every `WorkKind`) are woken
+        in the same transaction, as `move_lane` wakes them."""
+
+    @abstractmethod
+    async def paused_lanes(self, org_id: UUID) -> list[LanePause]:
+        """Every paused lane, by lane name; `org_id` is the session's scope (any tenant's
+        session reads them all: a pause is every tenant's)."""
+
+    @abstractmethod
+    async def holders(self, org_id: UUID) -> dict[str, int]:
+        """How many items each worker (`claimed_by`) holds with its lease not yet passed, on
+        the storage's clock; `EMPTY_UUID` counts every tenant's items. Reads the claimed rows
+        only (on PostgreSQL through `ix_work_items_claimed`)."""
 
     @abstractmethod
     async def oldest_snapshot(self, org_id: UUID) -> OldestSnapshot | None:

@@ -3,10 +3,10 @@
 `serve` boots the process as a service does (`boot(settings)`: logging, error reporting,
 trust store, tracing) and runs the worker (`server.serve`) until SIGTERM or SIGINT. The
 other subcommands are for demos and operators: `enqueue` items of the worker's kind,
-`tenants` (the live tenant ids), `items list|show|move|discard`, and `dead-letters
-list|replay|discard` (`commands.py`). Every line a command prints about itself starts with
-the worker's name. The top of the engine: nothing in it imports this module; a worker's
-`main.py` reaches it through `entry.console`.
+`tenants` (the live tenant ids), `items list|show|move|discard`, `dead-letters
+list|replay|discard`, `lanes list|pause|resume` and `summary` (`commands.py`). Every line a
+command prints about itself starts with the worker's name. The top of the engine: nothing
+in it imports this module; a worker's `main.py` reaches it through `entry.console`.
 """
 
 from __future__ import annotations
@@ -113,6 +113,11 @@ def _tenant_name(text: str) -> str:
     return _printable_line(text, empty="give one printable line of 1-200 characters")
 
 
+def _reason(text: str) -> str:
+    """An argparse type: why an operator pauses or resumes a lane, one printable line."""
+    return _printable_line(text, empty="give one printable line of 1-200 characters")
+
+
 def _positive(text: str) -> int:
     """An argparse type: an integer from 1 to `MOST_AT_ONCE` (argparse turns the error into
     exit 2)."""
@@ -210,11 +215,36 @@ def _parser(worker: Worker, env_prefix: str) -> argparse.ArgumentParser:
         one.add_argument(
             "--dry-run", action="store_true", help=f"print what it would {action}; change nothing"
         )
+    dead_actions.choices["replay"].add_argument(
+        "--payload",
+        metavar="JSON",
+        help="replay it with this payload instead (a JSON object, validated by the kind's "
+        "payload model; the audit entry keeps the old and the new)",
+    )
+
+    lanes = commands.add_parser("lanes", help="pause and resume lanes (every tenant's items)")
+    lane_actions = lanes.add_subparsers(dest="action", required=True)
+    lane_actions.add_parser("list", help="the paused lanes: who paused each, when, why")
+    lane_writers = []
+    for action, text in (
+        ("pause", "no worker claims on the lane until it is resumed; in-flight items finish"),
+        ("resume", "workers claim on the lane again"),
+    ):
+        one = lane_actions.add_parser(action, help=text)
+        one.add_argument("lane", nargs="?", help="the lane (default: this worker's LANE)")
+        one.add_argument("--reason", type=_reason, help="why, for the audit entries")
+        lane_writers.append(one)
+
+    summary = commands.add_parser(
+        "summary", help="the queue at a glance: counts, oldest due age, paused lanes, holders"
+    )
+    summary.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     for writer in (
         enqueue,
         move,
         discard,
         *(dead_actions.choices[name] for name in ("replay", "discard")),
+        *lane_writers,
     ):
         writer.add_argument(
             "--operator",
@@ -267,7 +297,7 @@ def run(worker: Worker, argv: Sequence[str] | None = None) -> None:
         print(f"{name}: {exc}", file=sys.stderr)
         sys.exit(2)
     except ValidationError as exc:
-        if args.command == "enqueue":
+        if args.command in ("enqueue", "dead-letters"):
             refusal = f"{_one_line(exc, 'payload.')} (pass the payload with --payload '<json>')"
         else:
             refusal = _one_line(exc)

@@ -1,5 +1,6 @@
 """The operator commands of a worker's console command: `enqueue`, `tenants`, `items
-list|show|move|discard` and `dead-letters list|replay|discard` (`run_operator_command`).
+list|show|move|discard`, `dead-letters list|replay|discard`, `lanes list|pause|resume` and
+`summary` (`run_operator_command`).
 
 Each does only what its name says. A row the worker cannot read is named, never fatal:
 `list` prints it as a line whose last column says which column it cannot read and why,
@@ -10,7 +11,10 @@ discard` deletes a row of a kind no worker declares. A write (`enqueue`, `move`,
 `discard`) prints what it wrote and records who asked (`--operator`, else the `OPERATOR`
 setting) in its audit entry; on a database server it is refused without that identity.
 `enqueue` writes into the tenant `--org` names and creates one only when `--create-tenant
-NAME` says so. The parser and the exit codes are `cli.py`'s.
+NAME` says so. `dead-letters replay --payload` replays a dead letter with a corrected
+payload. `lanes pause|resume` act on every tenant's items and always record who asked;
+`summary` reads the queue at a glance (docs/operations.md, Pausing a lane, Queue summary).
+The parser and the exit codes are `cli.py`'s.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import json
 import sys
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -27,6 +32,7 @@ from acme.om.context import AppContext, AppType, OpContext, RequestContext
 from acme.om.errors import Conflict, Invalid, NotFound
 from acme.om.types import EMPTY_UUID
 from acme.om.work.rules import policy_lane, refuse_nul
+from acme.om.work.types.lanes import LanePause
 from acme.om.work.types.work_item import (
     WORK_PAYLOADS,
     UnreadableItem,
@@ -315,13 +321,103 @@ async def _dead_letters(
         if item.status is not WorkStatus.FAILED:
             raise Conflict(f"status: only a failed item can be {verb}; this one is {item.status}")
         print(f"would {args.action:<8}{_row(item)}")
+        if (corrected := _corrected_payload(worker, args)) is not None:
+            print(f"would replace payload {json.dumps(item.payload)} with {json.dumps(corrected)}")
         print("dry run: nothing changed", file=sys.stderr)
         return
     operator = _operator(settings, args)
     if args.action == "replay":
-        print(f"replayed   {_row(await work.replay(ctx, args.item_id, operator=operator))}")
+        replayed = await work.replay(
+            ctx, args.item_id, operator=operator, payload=_corrected_payload(worker, args)
+        )
+        print(f"replayed   {_row(replayed)}")
     else:
         print(f"discarded  {_row(await work.discard(ctx, args.item_id, operator=operator))}")
+
+
+def _corrected_payload(worker: Worker, args: argparse.Namespace) -> dict[str, Any] | None:
+    """`dead-letters replay --payload`'s payload as the kind's model dumps it, or None.
+    Raises `ValidationError` (the command is refused before anything opens: it was
+    validated once already by `run_operator_command`)."""
+    if args.command != "dead-letters" or args.action != "replay":
+        return None
+    given: str | None = args.payload
+    if given is None:
+        return None
+    dumped: dict[str, Any] = (
+        WORK_PAYLOADS[worker.kind].model_validate_json(given).model_dump(mode="json")
+    )
+    return dumped
+
+
+async def _lanes(
+    worker: Worker, container: RuntimeContainer, settings: RuntimeSettings, args: argparse.Namespace
+) -> None:
+    """`lanes list|pause|resume`: the pauses, one a line, or one pause made or lifted."""
+    rctx = RequestContext.new(_app(settings))
+    work = container.managers.work
+    if args.action == "list":
+        paused = await work.paused_lanes(rctx)
+        for pause in paused:
+            print(_pause_line("paused", pause))
+        if not paused:
+            print("no lane is paused", file=sys.stderr)
+        return
+    lane: str = args.lane or settings.lane
+    operator = _operator(settings, args) or ""  # `_refusal` made sure there is one
+    if args.action == "pause":
+        pause = await work.pause_lane(
+            rctx, lane, actor=operator, reason=args.reason, also_known=[settings.lane]
+        )
+        print(_pause_line("paused", pause))
+        print(
+            f"{worker.name}: no worker claims on lane {lane} until `{worker.name} lanes resume "
+            f"{lane}`; items already claimed finish, enqueues go on",
+            file=sys.stderr,
+        )
+        return
+    lifted = await work.resume_lane(rctx, lane, actor=operator, reason=args.reason)
+    print(_pause_line("resumed", lifted))
+
+
+def _pause_line(verb: str, pause: LanePause) -> str:
+    """`<verb>  <lane>  <paused_by>  <paused_at>  <reason>`, tab-separated."""
+    when = pause.paused_at.isoformat(timespec="seconds")
+    return _line([f"{verb:<10}{pause.lane}", pause.paused_by, when, pause.reason or ""])
+
+
+async def _summary(
+    container: RuntimeContainer, settings: RuntimeSettings, args: argparse.Namespace
+) -> None:
+    """`summary`: the queue at a glance, as lines (`count`, `paused`, `holding`) or JSON."""
+    summary = await container.managers.work.queue_summary(RequestContext.new(_app(settings)))
+    if args.json:
+        print(summary.model_dump_json(indent=2))
+        return
+    for group in summary.groups:
+        age = group.oldest_available_age
+        print(
+            _line(
+                [
+                    "count",
+                    group.lane,
+                    group.kind,
+                    group.status.value,
+                    str(group.count),
+                    "-" if age is None else f"{age:.1f}s",
+                ]
+            )
+        )
+    for pause in summary.paused:
+        print(_pause_line("paused", pause))
+    for worker_id, held in summary.workers_holding.items():
+        print(_line(["holding", worker_id, str(held)]))
+    print(
+        f"{len(summary.groups)} group(s) in play, oldest due item waiting "
+        f"{summary.oldest_due_age():.1f}s, {len(summary.paused)} lane(s) paused, "
+        f"{len(summary.workers_holding)} worker(s) holding items",
+        file=sys.stderr,
+    )
 
 
 def _refuse_other_kind(worker: Worker, item_id: UUID, kind: str) -> None:
@@ -356,6 +452,8 @@ def _writes(args: argparse.Namespace) -> bool:
         return True
     if args.command == "items":
         return args.action in ("move", "discard") and not args.dry_run
+    if args.command == "lanes":
+        return bool(args.action != "list")
     return args.command == "dead-letters" and args.action != "list" and not args.dry_run
 
 
@@ -365,6 +463,11 @@ def _refusal(worker: Worker, settings: RuntimeSettings, args: argparse.Namespace
         return (
             "enqueue needs --org ORG (the live tenant ids: "
             f"`{worker.name} tenants`) or --create-tenant NAME to create one; nothing written"
+        )
+    if args.command == "lanes" and _writes(args) and _operator(settings, args) is None:
+        return (
+            f"lanes {args.action} records who asked, for every tenant: pass --operator NAME or "
+            f"set {settings.env_prefix()}OPERATOR; nothing written"
         )
     if _writes(args) and settings.infra.database_url and _operator(settings, args) is None:
         command = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
@@ -389,6 +492,8 @@ async def run_operator_command(
     if args.command == "enqueue":  # refused before anything is opened or written
         payload = WORK_PAYLOADS[worker.kind].model_validate_json(args.payload)
         refuse_nul(payload.model_dump(mode="json"), "payload")
+    if (corrected := _corrected_payload(worker, args)) is not None:  # as the enqueue's
+        refuse_nul(corrected, "payload")
     if settings.infra.database_url is None:
         print(f"{worker.name}: embedded: SQLite {embedded_database_file()}", file=sys.stderr)
     container = worker.container.build(settings)
@@ -399,6 +504,10 @@ async def run_operator_command(
             await _tenants(container, settings)
         elif args.command == "items":
             await _items(worker, container, settings, args)
+        elif args.command == "lanes":
+            await _lanes(worker, container, settings, args)
+        elif args.command == "summary":
+            await _summary(container, settings, args)
         else:
             await _dead_letters(worker, container, settings, args)
     finally:

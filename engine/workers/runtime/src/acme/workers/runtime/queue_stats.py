@@ -103,6 +103,7 @@ QUEUE_STATS_FIELDS = (
     "lease_renewal_failures",
     "completion_failures",
     "wake_up_channel_up",
+    "lane_paused",
     "outbox_pending",
     "outbox_oldest_pending_age_s",
     "outbox_failing",
@@ -117,9 +118,10 @@ The loop's own lane (`lane`) and kinds: `available` items (due or not) and
 `dead_letters_unaudited`; across the database, `oldest_snapshot_xid_age` and
 `oldest_snapshot_age_s` (PostgreSQL only). Since this loop's previous line:
 `claim_failures`, `lease_renewal_failures`, `completion_failures`. `wake_up_channel_up`: 1
-or 0. The outbox's four, across tenants, with an `outbox_stats` reader. Last, `stranded`:
-across lanes and kinds, the waiting items no worker claims (`rules.stranded`). A field this
-pass could not read is left out."""
+or 0. `lane_paused`: 1 while the loop's lane is paused (no claim takes its items;
+docs/operations.md, Pausing a lane), else 0. The outbox's four, across tenants, with an
+`outbox_stats` reader. Last, `stranded`: across lanes and kinds, the waiting items no worker
+claims (`rules.stranded`). A field this pass could not read is left out."""
 
 
 def _sample_values(metric: MetricWrapperBase, suffix: str = "") -> list[float]:
@@ -131,6 +133,17 @@ def _sample_values(metric: MetricWrapperBase, suffix: str = "") -> list[float]:
         for sample in family.samples
         if sample.name.endswith(suffix)
     ]
+
+
+def _lane_paused(lane: str) -> int:
+    """1 when the manager's `work_lane_paused` gauge says `lane` is paused, else 0."""
+    return int(
+        any(
+            sample.labels.get("lane") == lane and sample.value == 1
+            for family in default_metrics().lane_paused.collect()
+            for sample in family.samples
+        )
+    )
 
 
 class QueueStats:
@@ -220,13 +233,15 @@ class QueueStats:
         line["oldest_available_age_s"] = round(oldest, 3)
         line["dead_letters_unaudited"] = sum(r.audit_owed for r in own)
         line["stranded"] = self._report_stranded(stats)
-        # The manager's gauge, refreshed by the queue_stats just read (PostgreSQL only).
+        # The manager's gauges, refreshed by the queue_stats just read (the snapshot's age on
+        # PostgreSQL only).
         xid_ages = _sample_values(default_metrics().oldest_snapshot_xid_age)
         if xid_ages:
             line["oldest_snapshot_xid_age"] = int(max(xid_ages))
         held = _sample_values(default_metrics().oldest_snapshot_age)
         if held:
             line["oldest_snapshot_age_s"] = round(max(held), 1)
+        line["lane_paused"] = _lane_paused(self.settings.lane)
 
     def _report_stranded(self, stats: Sequence[LaneStats]) -> int:
         """Log one WARNING naming each kind and lane with stranded items and how many, when

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import ClassVar
+from typing import Any, ClassVar
 from uuid import UUID, uuid4
 
 from acme.om.errors import Conflict, NotFound
@@ -21,6 +21,7 @@ from acme.om.work.storage import (
     OwedAudit,
     WorkStorageInterface,
 )
+from acme.om.work.types.lanes import LanePause
 from acme.om.work.types.work_item import (
     LaneStats,
     UnreadableItem,
@@ -77,6 +78,7 @@ class MemoryWorkStorage(WorkStorageInterface):
     def __init__(self, *, clock: Callable[[], datetime] | None = None) -> None:
         self._rows: dict[UUID, WorkItem] = {}
         self._owed: dict[UUID, tuple[UUID, str]] = {}
+        self._pauses: dict[str, LanePause] = {}
         self._lock = asyncio.Lock()
         self._clock = clock or utc_now
 
@@ -235,7 +237,10 @@ class MemoryWorkStorage(WorkStorageInterface):
                 (
                     r
                     for r in self._rows.values()
-                    if r.lane == lane and r.kind in kinds and is_claimable(r, now)
+                    if r.lane == lane
+                    and lane not in self._pauses
+                    and r.kind in kinds
+                    and is_claimable(r, now)
                 ),
                 key=lambda r: (r.available_at, r.id),
             )
@@ -351,19 +356,21 @@ class MemoryWorkStorage(WorkStorageInterface):
             self._rows[item_id] = written
             return written.model_copy(deep=True)
 
-    async def revive_item(self, org_id: UUID, item_id: UUID) -> WorkItem | None:
+    async def revive_item(
+        self, org_id: UUID, item_id: UUID, *, payload: dict[str, Any] | None = None
+    ) -> WorkItem | None:
         """See `WorkStorageInterface.revive_item`."""
+        changes: dict[str, object] = {
+            "status": WorkStatus.AVAILABLE,
+            "attempts": 0,
+            "available_at": self._clock(),
+            "completed_at": None,
+            "note": "replayed",
+        }
+        if payload is not None:
+            changes["payload"] = dict(payload)
         return await self._operator_write(
-            org_id,
-            item_id,
-            {
-                "status": WorkStatus.AVAILABLE,
-                "attempts": 0,
-                "available_at": self._clock(),
-                "completed_at": None,
-                "note": "replayed",
-            },
-            needs_object_payload=True,
+            org_id, item_id, changes, needs_object_payload=payload is None
         )
 
     async def discard_item(self, org_id: UUID, item_id: UUID) -> WorkItem | None:
@@ -451,6 +458,45 @@ class MemoryWorkStorage(WorkStorageInterface):
                 del self._rows[item_id]
                 self._owed.pop(item_id, None)
             return len(doomed)
+
+    async def pause_lane(
+        self, org_id: UUID, lane: str, *, paused_by: str, reason: str | None
+    ) -> tuple[LanePause, bool]:
+        """See `WorkStorageInterface.pause_lane` (no scope to check: one process's rows)."""
+        async with self._lock:
+            if lane in self._pauses:
+                return self._pauses[lane], False
+            pause = LanePause(
+                lane=lane, paused_at=self._clock(), paused_by=paused_by, reason=reason
+            )
+            self._pauses[lane] = pause
+            return pause, True
+
+    async def resume_lane(self, org_id: UUID, lane: str) -> LanePause | None:
+        """See `WorkStorageInterface.resume_lane`."""
+        async with self._lock:
+            return self._pauses.pop(lane, None)
+
+    async def paused_lanes(self, org_id: UUID) -> list[LanePause]:
+        """See `WorkStorageInterface.paused_lanes`."""
+        async with self._lock:
+            return [self._pauses[lane] for lane in sorted(self._pauses)]
+
+    async def holders(self, org_id: UUID) -> dict[str, int]:
+        """See `WorkStorageInterface.holders`."""
+        async with self._lock:
+            now = self._clock()
+            held: dict[str, int] = {}
+            for r in self._rows.values():
+                if (
+                    r.status is WorkStatus.CLAIMED
+                    and r.claimed_by is not None
+                    and r.lease_expires_at is not None
+                    and r.lease_expires_at > now
+                    and org_id in (EMPTY_UUID, r.org_id)
+                ):
+                    held[r.claimed_by] = held.get(r.claimed_by, 0) + 1
+            return dict(sorted(held.items()))
 
     async def oldest_snapshot(self, org_id: UUID) -> OldestSnapshot | None:
         """See `WorkStorageInterface.oldest_snapshot`: None, nothing to vacuum."""

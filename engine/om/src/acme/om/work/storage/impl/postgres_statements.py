@@ -313,7 +313,9 @@ def claim_statement(kinds: int) -> Statement:
     limit, where `kind = ANY(...)` would sort every due row first). A CTE locks up to the
     limit due rows, oldest `available_at` first (then `id`), skipping locked ones, and
     fences the LIMIT; the UPDATE claims exactly those, each under a fresh token for the
-    lease (s) (River's `JobGetAvailable`). Parameters as `claim_values`."""
+    lease (s) (River's `JobGetAvailable`). A paused lane yields nothing: the pause is a
+    guard of its own beside whatever picks the rows (uncorrelated, so PostgreSQL checks it
+    once per statement; docs/decisions/0040). Parameters as `claim_values`."""
     names = ["lane", "limit", "worker_id", "lease_s", *(f"kind_{n}" for n in range(kinds))]
 
     def write(p: Sequence[str]) -> str:
@@ -324,6 +326,7 @@ def claim_statement(kinds: int) -> Statement:
             f" AND kind IN ({', '.join(listed)})"
             " AND available_at <= statement_timestamp() AND deleted_at IS NULL"
             " AND attempts < max_attempts"
+            f" AND NOT EXISTS (SELECT 1 FROM work_lane_pauses WHERE lane = {lane})"
             f" ORDER BY available_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED)"
             f" UPDATE work_items SET status = '{WorkStatus.CLAIMED.value}',"
             f" attempts = work_items.attempts + 1, claimed_by = {worker_id},"

@@ -23,6 +23,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -42,6 +43,8 @@ from acme.om.work.storage.tables.work_items import (
     payload_is_object,
     work_items,
 )
+from acme.om.work.storage.tables.work_lane_pauses import work_lane_pauses
+from acme.om.work.types.lanes import LanePause
 from acme.om.work.types.work_item import (
     LaneStats,
     UnreadableItem,
@@ -54,6 +57,7 @@ from acme.om.work.types.work_item import (
 )
 
 t = work_items
+pauses = work_lane_pauses
 
 # The columns of an owed audit entry, read as stored (the row may not validate).
 _OWED = (
@@ -242,21 +246,27 @@ class SqlOperatorStatements(WorkStorageInterface):
                 await self._announce(conn, [(written.lane, written.kind.value)])
             return written
 
-    async def revive_item(self, org_id: UUID, item_id: UUID) -> WorkItem | None:
+    async def revive_item(
+        self, org_id: UUID, item_id: UUID, *, payload: dict[str, Any] | None = None
+    ) -> WorkItem | None:
         """See `WorkStorageInterface.revive_item`."""
+        values: dict[str, Any] = {
+            "status": WorkStatus.AVAILABLE.value,
+            "attempts": 0,
+            "available_at": self._now(),
+            "completed_at": None,
+            "note": "replayed",
+        }
+        if payload is not None:
+            values["payload"] = payload
         return await self._operator_write(
             org_id,
             item_id,
-            {
-                "status": WorkStatus.AVAILABLE.value,
-                "attempts": 0,
-                "available_at": self._now(),
-                "completed_at": None,
-                "note": "replayed",
-            },
+            values,
             # The table keeps a payload that is not an object only on a row that cannot
-            # run: such a row is not revived (None), never refused by the check mid-write.
-            also=payload_is_object(t.c.payload),
+            # run: such a row is not revived (None), never refused by the check mid-write,
+            # unless a corrected payload replaces it.
+            also=payload_is_object(t.c.payload) if payload is None else None,
             announce=True,
         )
 
@@ -393,6 +403,58 @@ class SqlOperatorStatements(WorkStorageInterface):
             )
             for r in rows
         ]
+
+    async def pause_lane(
+        self, org_id: UUID, lane: str, *, paused_by: str, reason: str | None
+    ) -> tuple[LanePause, bool]:
+        """See `WorkStorageInterface.pause_lane`: an insert that does nothing when the lane
+        is paused already, then, in that case, a read of the pause that stood."""
+        dialect = postgresql if self._funnel.dialect == "postgresql" else sqlite
+        stmt = (
+            dialect.insert(pauses)
+            .values(lane=lane, paused_at=self._now(), paused_by=paused_by, reason=reason)
+            .on_conflict_do_nothing()
+            .returning(*pauses.c)
+        )
+        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            made = (await conn.execute(stmt)).first()
+            if made is not None:
+                return LanePause.model_validate(dict(made._mapping)), True
+            stood = (await conn.execute(select(pauses).where(pauses.c.lane == lane))).one()
+        return LanePause.model_validate(dict(stood._mapping)), False
+
+    async def resume_lane(self, org_id: UUID, lane: str) -> LanePause | None:
+        """See `WorkStorageInterface.resume_lane`."""
+        stmt = delete(pauses).where(pauses.c.lane == lane).returning(*pauses.c)
+        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            gone = (await conn.execute(stmt)).first()
+            if gone is not None:
+                await self._announce(conn, [(lane, kind.value) for kind in WorkKind])
+        return None if gone is None else LanePause.model_validate(dict(gone._mapping))
+
+    async def paused_lanes(self, org_id: UUID) -> list[LanePause]:
+        """See `WorkStorageInterface.paused_lanes`."""
+        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            rows = (await conn.execute(select(pauses).order_by(pauses.c.lane))).all()
+        return [LanePause.model_validate(dict(row._mapping)) for row in rows]
+
+    async def holders(self, org_id: UUID) -> dict[str, int]:
+        """See `WorkStorageInterface.holders`."""
+        query = (
+            select(t.c.claimed_by, func.count().label("held"))
+            .where(
+                t.c.status == WorkStatus.CLAIMED.value,
+                t.c.lease_expires_at > self._now(),
+                t.c.claimed_by.is_not(None),
+            )
+            .group_by(t.c.claimed_by)
+            .order_by(t.c.claimed_by)
+        )
+        if org_id != EMPTY_UUID:
+            query = query.where(t.c.org_id == org_id)
+        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            rows = (await conn.execute(query)).all()
+        return {row.claimed_by: row.held for row in rows}
 
     async def oldest_snapshot(self, org_id: UUID) -> OldestSnapshot | None:
         """See `WorkStorageInterface.oldest_snapshot`: None, as SQLite keeps no

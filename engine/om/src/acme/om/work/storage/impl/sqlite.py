@@ -16,6 +16,7 @@ from sqlalchemy import (
     Update,
     Uuid,
     bindparam,
+    exists,
     func,
     literal,
     select,
@@ -29,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from acme.om.types import EMPTY_UUID
 from acme.om.work.storage.impl.sql import SqlWorkStorage, unreadable_error
 from acme.om.work.storage.tables.work_items import UtcDateTime, work_items
+from acme.om.work.storage.tables.work_lane_pauses import work_lane_pauses
 from acme.om.work.types.work_item import UnreadableRow, WorkKind, WorkStatus
 
 t = work_items
@@ -109,6 +111,8 @@ class SqliteWorkStorage(SqlWorkStorage):
                 & (t.c.available_at <= now)
                 & t.c.deleted_at.is_(None)
                 & (t.c.attempts < t.c.max_attempts)
+                # A paused lane yields nothing (docs/decisions/0040).
+                & ~exists().where(work_lane_pauses.c.lane == bindparam("claim_lane"))
             )
             .order_by(t.c.available_at, t.c.id)
             .limit(bindparam("claim_limit"))
