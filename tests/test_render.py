@@ -87,6 +87,7 @@ RUNTIME_FILES = [f"{RUNTIME}/pyproject.toml", f"{RUNTIME}/README.md"] + [
 ENGINE_ONLY_TESTS = [
     "om/tests/unit/test_work_rules.py",
     "om/tests/unit/test_work_manager_engine.py",
+    "om/tests/unit/test_work_lanes_engine.py",
     "om/tests/integration/test_work_privileges_postgres.py",
     "om/tests/integration/test_work_storage_postgres_engine.py",
     f"{RUNTIME}/tests",

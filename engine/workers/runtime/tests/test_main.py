@@ -35,6 +35,8 @@ from acme.infra.topics import WorkAvailablePayload
 from acme.om.audit import AuditEntry
 from acme.om.context import RequestContext
 from acme.om.types import EMPTY_UUID
+from acme.om.work.impl.operator_commands import LANE_SUBJECT_TYPE, lane_subject_id
+from acme.om.work.types.lanes import LanePause, QueueSummary
 from acme.om.work.types.work_item import WorkItem, WorkStatus
 from acme.workers.runtime import API_VERSION, OWNER
 from acme.workers.runtime.commands import ENQUEUED_ACTION
@@ -1026,3 +1028,106 @@ def test_a_text_log_line_escapes_what_could_forge_or_hide_a_line() -> None:
     assert lines[1] == "Traceback (most recent call last):"
     assert lines[-1] == "ValueError: boom\\nFORGED by the exception"
     assert not [line for line in lines if line.startswith("FORGED")]
+
+
+# -- lanes, the summary and the corrected replay (docs/decisions/0040, 0041) ------------------
+
+
+def test_lanes_pause_list_and_resume_a_lane_of_the_workers_own_audited_in_every_tenant(
+    backend: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lane = f"cli_{uuid4().hex[:8]}"  # a lane of the test's own: PostgreSQL is shared
+    monkeypatch.setenv(f"{ENV_PREFIX}LANE", lane)
+    org_id, _ = _on_the_queue(_dead_letter)
+    capsys.readouterr()
+
+    console(PROBE, ["lanes", "pause", "--operator", "alice", "--reason", "upstream down"])
+    paused = capsys.readouterr()
+    console(PROBE, ["lanes", "list"])
+    listed = capsys.readouterr().out
+    console(PROBE, ["summary"])
+    summary = capsys.readouterr().out
+    console(PROBE, ["lanes", "resume", lane, "--operator", "bob"])
+    resumed = capsys.readouterr().out
+
+    assert paused.out.startswith(f"paused    {lane}\talice\t")
+    assert paused.out.rstrip("\n").endswith("\tupstream down")
+    assert f"no worker claims on lane {lane} until" in paused.err
+    assert f"paused    {lane}\talice\t" in listed
+    assert f"paused    {lane}\talice\t" in summary
+    assert resumed.startswith(f"resumed   {lane}\talice\t")
+
+    async def lane_entries(container: RuntimeContainer) -> list[AuditEntry]:
+        ctx = await container.managers.tenancy.service_context(
+            RequestContext.new(APP), org_id=org_id, acting_for=EMPTY_UUID, caused_by_request_id=None
+        )
+        return await container.managers.audit.list_for(
+            ctx, LANE_SUBJECT_TYPE, lane_subject_id(lane)
+        )
+
+    entries = _on_the_queue(lane_entries)
+    assert [(e.action, e.detail["operator"]) for e in entries] == [
+        ("work.lane_paused", "alice"),
+        ("work.lane_resumed", "bob"),
+    ]
+
+
+def test_lanes_pause_refuses_without_an_operator_and_an_unknown_lane_naming_the_known(
+    backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    no_operator = _refused(["lanes", "pause"], capsys)
+    with pytest.raises(SystemExit) as refused:
+        console(PROBE, ["lanes", "pause", "nowhere_at_all", "--operator", "alice"])
+    *_, unknown = capsys.readouterr().err.strip().splitlines()
+
+    assert no_operator == (
+        f"{PROBE.name}: lanes pause records who asked, for every tenant: pass --operator NAME "
+        f"or set {ENV_PREFIX}OPERATOR; nothing written"
+    )
+    assert refused.value.code == 2
+    assert unknown.startswith(
+        f"{PROBE.name}: Invalid: lane: no worker claims on lane nowhere_at_all; the known lanes: "
+    )
+    assert "nowhere_at_all" not in [p.lane for p in _on_the_queue(_paused)]
+
+
+async def _paused(container: RuntimeContainer) -> list[LanePause]:
+    return await container.managers.work.paused_lanes(RequestContext.new(APP))
+
+
+def test_a_corrected_replay_takes_a_payload_the_model_accepts_and_audits_both(
+    backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    org_id, item_id = _on_the_queue(_dead_letter)
+    before, _ = _on_the_queue(lambda c: _state(c, org_id, item_id))
+    corrected = sample_payload()
+    replay = ["dead-letters", "replay", str(item_id), "--org", str(org_id), "--operator", "al"]
+    capsys.readouterr()
+
+    bad = _refused([*replay, "--payload", '{"record_id": "not a uuid"}'], capsys)
+    after_bad, _ = _on_the_queue(lambda c: _state(c, org_id, item_id))
+    console(PROBE, [*replay, "--dry-run", "--payload", json.dumps(corrected)])
+    dry = capsys.readouterr().out
+    console(PROBE, [*replay, "--payload", json.dumps(corrected)])
+    item, entries = _on_the_queue(lambda c: _state(c, org_id, item_id))
+
+    assert bad.startswith(f"{PROBE.name}: Invalid: payload.record_id: ")
+    assert (after_bad.status, after_bad.payload) == (WorkStatus.FAILED, before.payload)
+    assert "would replace payload" in dry
+    assert item.status is WorkStatus.AVAILABLE
+    assert item.payload["record_id"] == corrected["record_id"]
+    last = entries[-1]
+    assert last.action == "work.replayed"
+    assert (last.detail["old_payload"], last.detail["payload"]) == (before.payload, item.payload)
+
+
+def test_the_summary_as_json_is_the_typed_model(
+    backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _on_the_queue(_dead_letter)
+    capsys.readouterr()
+
+    console(PROBE, ["summary", "--json"])
+
+    summary = QueueSummary.model_validate_json(capsys.readouterr().out)
+    assert all(group.count >= 1 for group in summary.groups)
