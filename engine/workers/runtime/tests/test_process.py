@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -46,6 +47,7 @@ from acme.workers.runtime.testing import (
     ProbeContainer,
     ProbeSettings,
     new_items,
+    sample_payload,
 )
 
 pytestmark = pytest.mark.integration
@@ -574,3 +576,49 @@ def _redis_server(port: int, tmp: Path) -> Iterator[None]:
     finally:
         proc.terminate()
         proc.wait(timeout=5)
+
+
+async def test_a_paused_lane_with_two_workers_claims_nothing_for_10_s_then_drains_after_resume(
+    queue: RuntimeContainer, tenant: OpContext, workers: Callable[..., WorkerProcess]
+) -> None:
+    """Issue 33's acceptance: the pause is in the claim statement, so neither worker claims
+    on the lane, whatever wake-up each enqueue sends it; `/healthz` stays 200 and `/metrics`
+    shows the pause; after the resume both drain what was enqueued meanwhile."""
+    lane = f"paused_{secrets.token_hex(4)}"
+    rctx = RequestContext.new(APP)
+    work = queue.managers.work
+    await work.pause_lane(rctx, lane, actor="process test", also_known=[lane])
+    pair = [workers(name, **{f"{PREFIX}LANE": lane}) for name in ("first", "second")]
+    for worker in pair:
+        await eventually(partial(_up, worker), 30.0, "the worker up", worker)
+
+    async def enqueue(count: int) -> list[WorkItem]:
+        fresh = [
+            WorkItem.new(org_id=tenant.org_id, kind=PROBE.kind, payload=sample_payload(), lane=lane)
+            for _ in range(count)
+        ]
+        return await work.enqueue_many(tenant, fresh)
+
+    enqueued: list[WorkItem] = []
+    started = time.monotonic()
+    while time.monotonic() - started < 10.0:  # enqueues go on; nothing is claimed
+        enqueued += await enqueue(3)
+        await asyncio.sleep(0.5)
+        held = await work.list_items(tenant, status=WorkStatus.CLAIMED)
+        done = await work.list_items(tenant, status=WorkStatus.COMPLETED)
+        assert (len(held), len(done)) == (0, 0), [w.tail() for w in pair]
+        for worker in pair:
+            assert await worker.healthz() == 200, worker.tail()
+    assert not pair[0].script.exists(), pair[0].script.read_text()
+    series = f'work_lane_paused{{lane="{lane}"}}'
+    for worker in pair:
+        await eventually(partial(_metric_is, worker, series, 1.0), 5.0, "the gauge", worker)
+
+    await work.resume_lane(rctx, lane, actor="process test")
+
+    async def drained() -> bool:
+        done = await work.list_items(tenant, status=WorkStatus.COMPLETED, limit=500)
+        return len(done) == len(enqueued)
+
+    await eventually(drained, 20.0, f"{len(enqueued)} items drained", *pair)
+    assert all(pair[0].script_lines("done", item.id) == 1 for item in enqueued)
