@@ -118,8 +118,14 @@ def test_first_worker_applies_every_changed_row(host: Path) -> None:
     assert f"members = {json.dumps(members)}" in pyproject
     assert '    "acme.om.work.storage.WorkStorageInterface.claim_next",\n]' in pyproject
     roles = (om / "storage/roles.py").read_text()
-    assert '    "work_items": DatabaseRole.QUEUE,\n}' in roles
-    assert '    "work_items": TenancyScope.ORG,\n}' in roles
+    assert (
+        '    "work_items": DatabaseRole.QUEUE,\n    "work_lane_pauses": DatabaseRole.QUEUE,\n}'
+        in roles
+    )
+    assert (
+        '    "work_items": TenancyScope.ORG,\n    "work_lane_pauses": TenancyScope.GLOBAL,\n}'
+        in roles
+    )
     root = (om / "root.py").read_text()
     assert "    work: WorkManagerInterface\n" in root
     assert root.index("work = WorkManagerImpl(") < root.index("outbox_relay = OutboxRelayImpl(")
