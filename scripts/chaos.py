@@ -23,7 +23,8 @@ one after another while the kills go on: `kill -9` of a random worker that is up
 one half-open Redis connection set (every connection open at that moment goes silent for
 good); one `pg_terminate_backend` of every worker connection; one handler that blocks its
 event loop for the lease + a sweep interval + 3 s; one Redis outage (`--redis-outage-s`, 10 s); one PostgreSQL
-restart (`pg_ctl stop -m immediate`, down `--pg-outage-s`, then started). A few items
+restart (`pg_ctl stop -m immediate`, down `--pg-outage-s`, then started); one pause of the
+workers' lane for 6 s (`shipment-notifier lanes pause`, then `lanes resume`). A few items
 are poison (fail every attempt: dead-lettered by design). While an outage lasts one worker (the witness) is spared the kills, so its
 `/healthz` is seen across the whole outage; the process running the blocked handler is
 spared too. When every item is settled the workers are stopped (SIGTERM) and the
@@ -39,6 +40,8 @@ invariants are checked:
 - every item held by a killed worker was handed back (the sweep's requeue) within lease +
   sweep interval + 1 s of the kill (kills whose window meets the PostgreSQL outage are
   reported apart: the sweep cannot run while the database is down);
+- no item was claimed while the lane was paused (from 1 s after the pause committed until
+  its resume began: a claim that read its snapshot before the commit may land just after);
 - the witness's `/healthz` answered non-2xx within the documented bound of each outage
   (docs/operations.md, `/healthz`) and 2xx again within the bound after recovery; the
   wake-up channel cut by the half-open connection was re-established within its bound.
@@ -124,6 +127,10 @@ BLOCK_S = LEASE_S + SWEEP_INTERVAL_S + 3
 # A silent subscription is found in about 5 s (a probe after 2 s of silence, 2 s to
 # answer) and re-established within about 1 s after that (docs/operations.md, Wake-ups).
 RESUBSCRIBE_BOUND_S = 7.0
+PAUSE_S = 6.0  # how long the lane stays paused among the faults
+# A claim whose statement read its snapshot before the pause committed may still land just
+# after it (docs/decisions/0040); later than this after the pause, a claim breaks the rule.
+PAUSE_GRACE_S = 1.0
 
 
 def say(message: str) -> None:
@@ -814,11 +821,44 @@ class ChaosRun:
         await asyncio.sleep(HEALTHY_AGAIN_BOUND_S + 3)
         fleet.spared_slots[witness] -= 1
 
+    async def lane_pause(self, fleet: Fleet) -> None:
+        """Pause the workers' lane with the worker's own command, keep it paused `PAUSE_S`
+        (kills and enqueues go on), then resume it; the times come from the pause's row
+        (the database's clock) and from just before the resume began."""
+        command = [str(fleet.host / ".venv" / "bin" / WORKER.name), "lanes"]
+        who = ["--operator", "chaos"]
+
+        def run(*args: str) -> None:
+            done = subprocess.run(
+                [*command, *args, *who],
+                check=False,
+                cwd=fleet.host,
+                env=fleet.env,
+                capture_output=True,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"lanes {args[0]}: {done.stderr.decode(errors='replace')}")
+
+        await asyncio.to_thread(run, "pause", "default", "--reason", "chaos: a paused lane")
+        conn = await asyncpg.connect(self.pg.url())
+        try:
+            paused_at = await conn.fetchval(
+                "SELECT extract(epoch FROM paused_at) FROM work_lane_pauses WHERE lane = 'default'"
+            )
+        finally:
+            await conn.close()
+        fault = Fault("lane paused", float(paused_at), {"lane": "default"})
+        self.faults.append(fault)
+        await asyncio.sleep(PAUSE_S)
+        fault.detail["resume_began_at"] = time.time()
+        await asyncio.to_thread(run, "resume", "default")
+
     async def fault_script(self, fleet: Fleet, block: int) -> None:
         """The faults besides the kills, one after another (the kills never stop)."""
         await asyncio.sleep(3)
         await self.half_open(fleet)
         await self.terminate_backends()
+        await self.lane_pause(fleet)
         await asyncio.sleep(3)
         await self.blocked_loop(fleet, block)
         await self.redis_outage(fleet)
@@ -910,6 +950,7 @@ class Checks:
         self.duration = duration
         self.failures: list[str] = []
         self.late_detail: list[dict[str, Any]] = []
+        self.transitions: list[asyncpg.Record] = []
 
     def expect(self, ok: bool, message: str) -> None:
         if not ok:
@@ -1008,6 +1049,7 @@ class Checks:
         executions_n = len(ledger)
         # Items held by a killed worker: handed back within lease + sweep interval.
         recovery = self._requeues(transitions)
+        self.transitions = transitions
         faults = self._faults()
         outcome = {
             "items": self.items,
@@ -1178,6 +1220,27 @@ class Checks:
                     healthy is not None and healthy - up <= HEALTHY_AGAIN_BOUND_S,
                     f"{f.name}: /healthz not 2xx again within {HEALTHY_AGAIN_BOUND_S} s",
                 )
+            if f.name == "lane paused" and "resume_began_at" in f.detail:
+                start, end = f.at + PAUSE_GRACE_S, f.detail["resume_began_at"]
+                claimed = [
+                    float(t["at"]) - f.at
+                    for t in self.transitions
+                    if t["new_status"] == "CLAIMED" and start <= float(t["at"]) <= end
+                ]
+                row.update(
+                    paused_s=round(end - f.at, 1),
+                    claims_while_paused=len(claimed),
+                    claims_in_grace=sum(
+                        1
+                        for t in self.transitions
+                        if t["new_status"] == "CLAIMED" and f.at <= float(t["at"]) < start
+                    ),
+                )
+                self.expect(
+                    not claimed,
+                    f"lane paused: {len(claimed)} claims while it was paused, "
+                    f"{[round(c, 2) for c in claimed[:5]]} s after the pause",
+                )
             if f.name == "half-open Redis connections":
                 lost, back = self._resubscribed(f.detail["witness"], f.at)
                 row.update(
@@ -1326,6 +1389,12 @@ def print_report(report: dict[str, Any]) -> None:
             bound = f"{f['bound_s']} s"
         elif "terminated" in f:
             measured, bound = f"{f['terminated']} connections terminated", "-"
+        elif "claims_while_paused" in f:
+            measured = (
+                f"paused {f['paused_s']} s; {f['claims_while_paused']} claims while paused "
+                f"({f['claims_in_grace']} in the first {PAUSE_GRACE_S} s)"
+            )
+            bound = "0 claims"
         else:
             overlaps = o["blocked_item_overlaps"]
             measured = (
