@@ -1135,3 +1135,29 @@ def test_the_migrations_keep_rows_written_before_the_check_as_dead_letters_owing
     migrate.upgrade(scratch_url, [DatabaseRole.QUEUE])
     state = {r[0]: r[1:] for r in asyncio.run(_owner_fetch(scratch_url, _STATE))}
     assert state == expected
+
+
+# -- lane pauses: system-wide, written in the system scope only (docs/decisions/0040) -----------
+
+
+async def test_a_tenants_session_reads_the_pauses_and_can_neither_pause_nor_resume(
+    pg_funnel: StorageFunnel, lane: str
+) -> None:
+    """Row-level security on `work_lane_pauses`: every session reads it (the claim does,
+    whatever scope it runs under), only the system scope writes it, so a tenant's session
+    cannot stop or start a lane every tenant shares."""
+    storage = PostgresWorkStorage(pg_funnel)
+    tenant = uuid4()
+    await storage.pause_lane(EMPTY_UUID, lane, paused_by="alice", reason=None)
+
+    seen = [p.lane for p in await storage.paused_lanes(tenant)]
+    lifted = await storage.resume_lane(tenant, lane)
+    with pytest.raises(DBAPIError, match="row-level security"):
+        await storage.pause_lane(tenant, f"{lane}_b", paused_by="mallory", reason=None)
+    still = [p.lane for p in await storage.paused_lanes(EMPTY_UUID)]
+    await storage.resume_lane(EMPTY_UUID, lane)
+
+    assert lane in seen
+    assert lifted is None
+    assert lane in still
+    assert f"{lane}_b" not in still
