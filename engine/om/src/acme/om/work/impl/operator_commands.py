@@ -378,6 +378,7 @@ class OperatorCommands(WorkManagerInterface):
 LANE_SUBJECT_TYPE = "work_lane"
 """The `subject_type` of a lane's audit entries (`work.lane_paused`, `work.lane_resumed`)."""
 
+# Fixed for good: another namespace would give every lane a new audit subject.
 _LANE_NAMESPACE = UUID("9f1d2c64-5c55-4d39-a0a4-7b7f1a3c2e10")
 
 
