@@ -683,7 +683,7 @@ def _moves(parsed: dict[str, Any]) -> dict[str, str]:
 
 
 # What the worker module gained after the move into it (v0.2.0): an update creates these.
-METRICS_SINCE = {"OldestSnapshotAge"}
+METRICS_SINCE = {"OldestSnapshotAge", "LanePaused"}
 ALARMS_SINCE = {"snapshot_held"}
 METRIC_FILTER = "aws_cloudwatch_log_metric_filter.queue_stats"
 
