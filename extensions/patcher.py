@@ -108,7 +108,16 @@ METRICS_PORT_BASE = 9100
 POSTGRES_STORAGE = ("work.storage.impl.postgres", "PostgresWorkStorage")
 SQLITE_STORAGE = ("work.storage.impl.sqlite", "SqliteWorkStorage")
 MEMORY_STORAGE = ("work.storage.impl.memory", "MemoryWorkStorage")
-REQUEST_STAGE = ("claim", "claim_many", "maintenance_contexts", "queue_stats")
+REQUEST_STAGE = (
+    "claim",
+    "claim_many",
+    "maintenance_contexts",
+    "queue_stats",
+    "pause_lane",
+    "resume_lane",
+    "paused_lanes",
+    "queue_summary",
+)
 
 KINDS_HEADER = (
     '"""Work kinds, their payload models and policies: one entry per worker (fragments)."""'
