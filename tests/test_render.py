@@ -103,6 +103,9 @@ MIGRATION_PATTERNS = [
         "work_items_deleted",
         "work_items_vacuum",
         "work_items_lane_pauses",
+        "work_items_cancelled",
+        "work_items_cancelled_checked",
+        "work_items_cancelled_purge",
     )
     for path in (
         rf"sql/queue/\d{{14}}_{name}\.up\.sql",

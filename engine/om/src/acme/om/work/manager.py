@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -21,6 +21,16 @@ from acme.om.work.types.work_item import (
     WorkRows,
     WorkStatus,
 )
+
+
+class Completed(set[UUID]):
+    """What `complete_many` reports: the ids it completed; `cancelled` holds those of the
+    items left out because an operator cancelled them while they were held (under the
+    token the completion carried), so no fencing conflict is counted for them."""
+
+    def __init__(self, completed: Iterable[UUID] = (), cancelled: Iterable[UUID] = ()) -> None:
+        super().__init__(completed)
+        self.cancelled: set[UUID] = set(cancelled)
 
 
 class WorkManagerInterface(ABC):
@@ -157,12 +167,14 @@ class WorkManagerInterface(ABC):
         """Mark the claimed `item` completed. Raises `Conflict` on a stale claim token."""
 
     @abstractmethod
-    async def complete_many(self, held: Sequence[tuple[OpContext, WorkItem]]) -> set[UUID]:
+    async def complete_many(self, held: Sequence[tuple[OpContext, WorkItem]]) -> Completed:
         """`complete` for many claimed items at once: one conditional statement per tenant.
 
         Each item is completed only under its own claim token with its lease not passed,
-        exactly as `complete` fences it. Returns the ids completed; an item left out lost
-        its claim (counted as a fencing conflict) and its row is as its holder left it.
+        exactly as `complete` fences it. Returns the ids completed; an item left out was
+        cancelled while held (in `Completed.cancelled`, read back only when some are left
+        out) or lost its claim (counted as a fencing conflict), and its row stays as it
+        stood.
         """
 
     @abstractmethod
@@ -181,8 +193,22 @@ class WorkManagerInterface(ABC):
         """
 
     @abstractmethod
-    async def defer(self, ctx: OpContext, item: WorkItem, delay: float) -> WorkItem:
-        """Hand the item back, due again in `delay` seconds, giving its attempt back.
+    async def fail_permanently(self, ctx: OpContext, item: WorkItem, reason: str) -> WorkItem:
+        """Make the claimed `item` a dead letter at once, whatever attempts it has left: the
+        handler's verdict that it can never succeed (`PermanentFailure`).
+
+        `reason` becomes `last_error` (a NUL replaced as `fail` does), the dead letter is
+        counted with the reason `handler` and audited (`work.dead_lettered`, its detail's
+        `reason` `handler`, now or by the sweep as `fail` does). Raises `ItemCancelled` or
+        `Conflict` on a stale claim token.
+        """
+
+    @abstractmethod
+    async def defer(
+        self, ctx: OpContext, item: WorkItem, delay: float, *, note: str = "deferred"
+    ) -> WorkItem:
+        """Hand the item back, due again in `delay` seconds, giving its attempt back (a
+        handler's `Snooze`, with `note` `snoozed`; else `deferred`).
 
         Raises `Conflict` on a stale claim token.
         """
@@ -278,6 +304,25 @@ class WorkManagerInterface(ABC):
         """
 
     @abstractmethod
+    async def cancel_item(
+        self, ctx: OpContext, item_id: UUID, *, operator: str | None = None
+    ) -> WorkItem:
+        """Cancel a waiting or claimed item for good; audited (`work.cancelled`, with
+        `operator` as `replay` records it, and the status it was cancelled from).
+
+        An `AVAILABLE` item is never claimed after this returns. A `CLAIMED` one keeps its
+        holder's token: the holder's next write is refused (`ItemCancelled`), and it hears
+        of the cancel at once over the wake-up channels (`(lane, cancel:<id>)`, PostgreSQL
+        NOTIFY in the cancel's transaction and `Topics.WORK_AVAILABLE` after it), else at
+        its next lease renewal, and cancels its handler. What the handler did before that
+        stays done (the template's docs/guarantees.md, "Cancelling an item").
+
+        Raises `NotFound` for no such item, `Conflict` (one line, the status) for one that
+        is finished or discarded, `UnreadableItem` (nothing changed) for a row that cannot
+        be read.
+        """
+
+    @abstractmethod
     async def discard(
         self, ctx: OpContext, item_id: UUID, *, operator: str | None = None
     ) -> WorkItem:
@@ -324,6 +369,12 @@ class WorkManagerInterface(ABC):
         oldest first. Dead letters (`FAILED`) and items not yet done are never purged.
         Raises `Invalid` for a negative `older_than` or a `limit` below 1.
         """
+
+    @abstractmethod
+    async def purge_cancelled(self, ctx: OpContext, *, older_than: float, limit: int = 1000) -> int:
+        """Delete the tenant's items cancelled more than `older_than` seconds ago (the
+        database clock), at most `limit`, oldest first; how many. Raises `Invalid` for a
+        negative `older_than` or a `limit` below 1."""
 
     @abstractmethod
     async def queue_stats(self, rctx: RequestContext) -> list[LaneStats]:

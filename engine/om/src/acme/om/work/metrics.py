@@ -12,8 +12,10 @@ class WorkMetrics:
 
     `dead_letters` counts every item failed for good, with `reason` `attempts` (the last
     attempt failed), `lease` (the sweep found it out of attempts), `tenant` (its tenant
-    is gone) or `unreadable` (a claimed row the model refuses); `fencing_conflicts` counts
-    writes refused because the claim token no longer matched, by `operation`.
+    is gone), `unreadable` (a claimed row the model refuses) or `handler` (its handler's
+    `PermanentFailure`); `fencing_conflicts` counts writes refused because the claim token
+    no longer matched, by `operation` (never a write refused by a cancel); `cancelled`
+    counts operators' cancels, by the status cancelled from (`was`: `available`, `claimed`).
     `dead_letters_unaudited` is a gauge: the dead letters, across tenants, whose audit entry
     is not written yet, as the last `queue_stats` counted them (each sweep pass);
     `oldest_snapshot_xid_age` is a gauge too: in transaction ids, how far the oldest snapshot
@@ -56,6 +58,12 @@ class WorkMetrics:
             "work_fencing_conflicts",
             "Writes refused because the claim token no longer matched.",
             ["operation"],
+            registry=registry,
+        )
+        self.cancelled = Counter(
+            "work_items_cancelled",
+            "Work items an operator cancelled, by the status they were cancelled from.",
+            ["kind", "was"],
             registry=registry,
         )
         self.dead_letters_unaudited = Gauge(

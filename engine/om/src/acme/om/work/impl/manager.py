@@ -29,6 +29,7 @@ from acme.om.work.impl.answers import (
 from acme.om.work.impl.dead_letters import DeadLetterAudits, owed_audit
 from acme.om.work.impl.operator_commands import OperatorCommands
 from acme.om.work.impl.wake_publisher import WAKE_UP_COALESCE_S, WakeUpPublisher
+from acme.om.work.manager import Completed
 from acme.om.work.metrics import WorkMetrics, default_metrics
 from acme.om.work.rules import (
     field_path,
@@ -44,6 +45,7 @@ from acme.om.work.storage import NewItems, WakeUps, WorkStorageInterface
 from acme.om.work.types.work_item import (
     WORK_PAYLOADS,
     WORK_POLICIES,
+    ItemCancelled,
     UnreadableRow,
     WorkItem,
     WorkKind,
@@ -452,23 +454,40 @@ class WorkManagerImpl(OperatorCommands):
         self._metrics.completed.labels(kind=item.kind.value).inc()
         return written
 
-    async def complete_many(self, held: Sequence[tuple[OpContext, WorkItem]]) -> set[UUID]:
+    async def complete_many(self, held: Sequence[tuple[OpContext, WorkItem]]) -> Completed:
         by_tenant: dict[UUID, list[WorkItem]] = {}
         for ctx, item in held:
             if item.org_id != ctx.org_id:
                 raise Invalid(f"org_id: item {item.id} is not of the context's tenant")
             by_tenant.setdefault(ctx.org_id, []).append(item)
-        done: set[UUID] = set()
+        done = Completed()
         for org_id, items in by_tenant.items():
             tokens = [(item.id, _token(item)) for item in items]
             completed = await self._storage.complete_items(org_id, tokens)
             done |= completed
+            refused = [(item.id, token) for item, (_, token) in zip(items, tokens, strict=True)]
+            refused = [pair for pair in refused if pair[0] not in completed]
+            cancelled = await self._cancelled_under(org_id, refused) if refused else set()
+            done.cancelled |= cancelled
             for item in items:
                 if item.id in completed:
                     self._metrics.completed.labels(kind=item.kind.value).inc()
-                else:
+                elif item.id not in cancelled:
                     self._metrics.fencing_conflicts.labels(operation="complete").inc()
         return done
+
+    async def _cancelled_under(
+        self, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]
+    ) -> set[UUID]:
+        """The ids among `claims` (`(item id, claim token)`) whose row is `CANCELLED` under
+        that very token: read back only after a completion left them out."""
+        tokens = dict(claims)
+        rows = await self._storage.read_items(org_id, list(tokens))
+        return {
+            row.id
+            for row in rows
+            if row.status is WorkStatus.CANCELLED and row.claim_token == tokens[row.id]
+        }
 
     async def fail(self, ctx: OpContext, item: WorkItem, error: str) -> WorkItem:
         error = storable_text(error)
@@ -499,7 +518,23 @@ class WorkManagerImpl(OperatorCommands):
         self._metrics.retried.labels(kind=item.kind.value).inc()
         return written
 
-    async def defer(self, ctx: OpContext, item: WorkItem, delay: float) -> WorkItem:
+    async def fail_permanently(self, ctx: OpContext, item: WorkItem, reason: str) -> WorkItem:
+        dead = item.model_copy(
+            update={
+                **_UNCLAIMED,
+                "status": WorkStatus.FAILED,
+                "last_error": storable_text(reason),
+                "note": "failed permanently by its handler",
+                "updated_by": EMPTY_UUID,
+            }
+        )
+        written = await self._write(ctx, item, dead, operation="fail", dead_letter="handler")
+        await self._dead_letters.dead_letter(ctx, owed_audit(written, _token(item), "handler"))
+        return written
+
+    async def defer(
+        self, ctx: OpContext, item: WorkItem, delay: float, *, note: str = "deferred"
+    ) -> WorkItem:
         if delay < 0:
             raise Invalid(f"delay: must not be negative, got {delay}")
         later = item.model_copy(
@@ -507,7 +542,7 @@ class WorkManagerImpl(OperatorCommands):
                 **_UNCLAIMED,
                 "status": WorkStatus.AVAILABLE,
                 "attempts": handed_back_attempts(item.attempts),
-                "note": "deferred",
+                "note": note,
                 "updated_by": EMPTY_UUID,
             }
         )
@@ -559,6 +594,8 @@ class WorkManagerImpl(OperatorCommands):
                 lease_for=lease_for,
                 dead_letter=dead_letter,
             )
+        except ItemCancelled:
+            raise  # an operator's cancel, not a lost claim: no conflict is counted
         except Conflict:
             self._metrics.fencing_conflicts.labels(operation=operation).inc()
             raise

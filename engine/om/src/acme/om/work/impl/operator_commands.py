@@ -21,7 +21,7 @@ from acme.om.work.impl.wake_publisher import WakeUpPublisher
 from acme.om.work.manager import WorkManagerInterface
 from acme.om.work.metrics import WorkMetrics
 from acme.om.work.rules import field_path, policy_lane, refuse_bad_lane, refuse_nul
-from acme.om.work.storage import WorkStorageInterface
+from acme.om.work.storage import CANCEL_NOTE, WorkStorageInterface
 from acme.om.work.types.lanes import LanePause, QueueSummary
 from acme.om.work.types.work_item import (
     WORK_PAYLOADS,
@@ -146,6 +146,35 @@ class OperatorCommands(WorkManagerInterface):
         self._wake_ups.owe([(revived.lane, revived.kind.value)])
         return revived
 
+    async def cancel_item(
+        self, ctx: OpContext, item_id: UUID, *, operator: str | None = None
+    ) -> WorkItem:
+        cancelled = await self._storage.cancel_item(ctx.org_id, item_id)
+        if cancelled is None:
+            current = await self.get(ctx, item_id)
+            if current.deleted_at is not None:
+                raise Conflict(f"deleted_at: item {item_id} was discarded at {current.deleted_at}")
+            raise Conflict(
+                f"status: only an available or claimed item can be cancelled; this one is "
+                f"{current.status}"
+            )
+        was = WorkStatus.CLAIMED if cancelled.claim_token is not None else WorkStatus.AVAILABLE
+        detail = {"kind": cancelled.kind.value, "lane": cancelled.lane, "was": was.value}
+        if cancelled.claimed_by is not None:
+            detail["claimed_by"] = cancelled.claimed_by
+        self._metrics.cancelled.labels(kind=cancelled.kind.value, was=was.value.lower()).inc()
+        # Its holder hears at once over Redis too (a worker on the topic; one on the storage's
+        # own wake-ups heard the cancel's transaction).
+        self._wake_ups.owe([(cancelled.lane, f"{CANCEL_NOTE}{cancelled.id}")])
+        await self._audit.append(
+            ctx,
+            action="work.cancelled",
+            subject_type=SUBJECT_TYPE,
+            subject_id=item_id,
+            detail=_with_operator(detail, operator),
+        )
+        return cancelled
+
     async def discard(
         self, ctx: OpContext, item_id: UUID, *, operator: str | None = None
     ) -> WorkItem:
@@ -259,6 +288,13 @@ class OperatorCommands(WorkManagerInterface):
         if current.deleted_at is not None:
             raise Conflict(f"deleted_at: item {item_id} was discarded at {current.deleted_at}")
         raise Conflict(f"status: only a failed item can be {verb}; this one is {current.status}")
+
+    async def purge_cancelled(self, ctx: OpContext, *, older_than: float, limit: int = 1000) -> int:
+        if older_than < 0:
+            raise Invalid(f"older_than: must not be negative, got {older_than}")
+        if limit < 1:
+            raise Invalid(f"limit: must be at least 1, got {limit}")
+        return await self._storage.purge_cancelled(ctx.org_id, older_than, limit)
 
     async def queue_stats(self, rctx: RequestContext) -> list[LaneStats]:
         stats = await self._storage.queue_stats(EMPTY_UUID)

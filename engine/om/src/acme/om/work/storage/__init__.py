@@ -35,6 +35,11 @@ UNREADABLE = "unreadable row"
 """How the `last_error` of a row dead-lettered because it cannot be read begins:
 `unreadable row: <column>: <reason>`."""
 
+CANCEL_NOTE = "cancel:"
+"""How the kind of a wake-up that names a cancelled item begins: `cancel:<item id>`, sent on
+the item's lane over the channels that carry wake-ups (no `WorkKind` can spell it, so a
+worker that does not know it ignores it; docs/decisions/0038 in the worker template)."""
+
 WAKE_UP_CHANNEL = "work_available"
 """The PostgreSQL NOTIFY channel every insert of due items notifies: `<lane> <kind>`."""
 
@@ -225,8 +230,10 @@ class WorkStorageInterface(ABC):
         `completed_at` is now when `item.status` is `COMPLETED`. The write lands only on
         the tenant's row that is claimed under `claim_token` with its lease not yet passed
         (fencing: Kleppmann, "How to do distributed locking"). Returns the row as written.
-        Raises `Conflict` when the row holds another token, another status or a passed lease
-        (another holder, a sweep, or a lost lease), `NotFound` when the tenant has no row.
+        Raises `ItemCancelled` (a `Conflict`) when the row is `CANCELLED` under
+        `claim_token` (an operator cancelled the item while it was held), `Conflict` when
+        the row holds another token, another status or a passed lease (another holder, a
+        sweep, or a lost lease), `NotFound` when the tenant has no row.
         `dead_letter` (the reason, with `item.status` `FAILED`) also records the audit
         entry the dead letter is owed, under `claim_token`, in the same statement
         (`owed_audits`).
@@ -334,6 +341,21 @@ class WorkStorageInterface(ABC):
         """
 
     @abstractmethod
+    async def cancel_item(self, org_id: UUID, item_id: UUID) -> WorkItem | None:
+        """Cancel the tenant's live `AVAILABLE` or `CLAIMED` item in one conditional UPDATE;
+        the row as written, None when there is no such row (finished, discarded, unknown).
+
+        `status` `CANCELLED`, `note` `cancelled`, `lease_expires_at` cleared, `updated_at`
+        the storage's now (the purge measures its age from there), `updated_by`
+        `EMPTY_UUID`. A claimed row keeps `claimed_by` and `claim_token`: no write fenced on
+        that token lands any more (the fence wants `CLAIMED`), and the holder's refused
+        write is told apart as `ItemCancelled`. The attempt spent is not given back. The
+        workers of its lane are sent `(lane, cancel:<id>)` on the storage's own wake-ups in
+        the same transaction (`CANCEL_NOTE`). A row that does not validate is put back as
+        it stood: `UnreadableItem`.
+        """
+
+    @abstractmethod
     async def discard_item(self, org_id: UUID, item_id: UUID) -> WorkItem | None:
         """Soft-delete a failed item (`deleted_at` = now); None unless `FAILED` and live.
 
@@ -375,6 +397,12 @@ class WorkStorageInterface(ABC):
         first, measuring the age on the storage's clock, and returns how many it deleted.
         Rows of any other status are never touched, dead letters (`FAILED`) included.
         """
+
+    @abstractmethod
+    async def purge_cancelled(self, org_id: UUID, older_than: float, limit: int) -> int:
+        """Delete the tenant's `CANCELLED` rows cancelled (`updated_at`) more than
+        `older_than` seconds ago on the storage's clock; at most `limit`, oldest first, in
+        one conditional statement; how many it deleted. No other status is touched."""
 
     @abstractmethod
     async def queue_stats(self, org_id: UUID) -> list[LaneStats]:

@@ -40,7 +40,7 @@ from uuid import UUID, uuid4
 
 from pydantic import BaseModel, Field, ValidationError
 
-from acme.om.errors import Invalid, OmError
+from acme.om.errors import Conflict, Invalid, OmError
 from acme.om.types import EMPTY_UUID, Identifiable, Trackable
 
 from .kinds import WORK_PAYLOADS, WORK_POLICIES, WorkKind
@@ -48,6 +48,7 @@ from .kinds import WORK_PAYLOADS, WORK_POLICIES, WorkKind
 __all__ = [
     "WORK_PAYLOADS",
     "WORK_POLICIES",
+    "ItemCancelled",
     "LaneStats",
     "UnreadableItem",
     "UnreadableRow",
@@ -65,13 +66,16 @@ class WorkStatus(StrEnum):
 
     `AVAILABLE`: waiting to be claimed once `available_at` has passed. `CLAIMED`: one
     worker holds it under a lease and a claim token. `COMPLETED`: done, final.
-    `FAILED`: the dead letter, final until an operator replays it.
+    `FAILED`: the dead letter, final until an operator replays it. `CANCELLED`: an operator
+    cancelled it, final; a cancelled claimed row keeps the token it was held under, so its
+    holder tells the cancel from a lost claim (`ItemCancelled`).
     """
 
     AVAILABLE = "AVAILABLE"
     CLAIMED = "CLAIMED"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
 
 
 class WorkItem(Identifiable, Trackable):
@@ -257,6 +261,17 @@ class UnreadableItem(OmError):
     def __init__(self, row: UnreadableRow) -> None:
         super().__init__(f"{row.column}: work item {row.id} cannot be read ({row.reason})")
         self.row = row
+
+
+class ItemCancelled(Conflict):
+    """A holder's write refused because an operator cancelled the item it holds: the row is
+    `CANCELLED` under the very claim token the write carried. A `Conflict` (the write did
+    not land), but no lost claim: the holder stops its handler and writes nothing more
+    (the template's docs/guarantees.md, "Cancelling an item")."""
+
+    def __init__(self, item_id: UUID) -> None:
+        super().__init__(f"status: work item {item_id} was cancelled while held")
+        self.item_id = item_id
 
 
 def read_row(values: Mapping[Any, Any]) -> WorkItem | UnreadableRow:

@@ -200,6 +200,15 @@ def _parser(worker: Worker, env_prefix: str) -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="print what it would discard; change nothing"
     )
 
+    cancel = items_actions.add_parser(
+        "cancel", help="cancel a waiting or running item of this kind for good (audited)"
+    )
+    cancel.add_argument("item_id", type=UUID)
+    cancel.add_argument("--org", type=UUID, required=True, help="the item's tenant")
+    cancel.add_argument(
+        "--dry-run", action="store_true", help="print what it would cancel; change nothing"
+    )
+
     dead = commands.add_parser("dead-letters", help="failed items: list, replay, discard")
     dead_actions = dead.add_subparsers(dest="action", required=True)
     dead_list = dead_actions.add_parser("list", help="dead letters, newest first")
@@ -243,6 +252,7 @@ def _parser(worker: Worker, env_prefix: str) -> argparse.ArgumentParser:
         enqueue,
         move,
         discard,
+        cancel,
         *(dead_actions.choices[name] for name in ("replay", "discard")),
         *lane_writers,
     ):

@@ -1,15 +1,16 @@
 """The operator commands of a worker's console command: `enqueue`, `tenants`, `items
-list|show|move|discard`, `dead-letters list|replay|discard`, `lanes list|pause|resume` and
-`summary` (`run_operator_command`).
+list|show|move|discard|cancel`, `dead-letters list|replay|discard`, `lanes
+list|pause|resume` and `summary` (`run_operator_command`).
 
 Each does only what its name says. A row the worker cannot read is named, never fatal:
 `list` prints it as a line whose last column says which column it cannot read and why,
 `show` prints its stored columns with the same words. `items list --any-kind` shows every
 kind's items with their lane, so stranded ones (a lane no worker claims, a kind no worker
 declares) are found; `items move` moves the waiting ones of a lane to another, `items
-discard` deletes a row of a kind no worker declares. A write (`enqueue`, `move`, `replay`,
-`discard`) prints what it wrote and records who asked (`--operator`, else the `OPERATOR`
-setting) in its audit entry; on a database server it is refused without that identity.
+discard` deletes a row of a kind no worker declares, `items cancel` cancels a waiting or
+running item for good. A write (`enqueue`, `move`, `cancel`, `replay`, `discard`) prints
+what it wrote and records who asked (`--operator`, else the `OPERATOR` setting) in its
+audit entry; on a database server it is refused without that identity.
 `enqueue` writes into the tenant `--org` names and creates one only when `--create-tenant
 NAME` says so. `dead-letters replay --payload` replays a dead letter with a corrected
 payload. `lanes pause|resume` act on every tenant's items and always record who asked;
@@ -208,6 +209,9 @@ async def _items(
     if args.action == "discard":
         await _discard_unknown(container, settings, args)
         return
+    if args.action == "cancel":
+        await _cancel(worker, container, settings, args)
+        return
     status = WorkStatus(args.status) if args.status else None
     contexts = await _contexts(container, rctx, args.org)
     kind = None if args.any_kind else worker.kind
@@ -286,6 +290,31 @@ async def _discard_unknown(
         )
     row = await work.discard_unknown_kind(ctx, args.item_id, operator=_operator(settings, args))
     print(f"discarded  {_unreadable_row(row)}")
+
+
+async def _cancel(
+    worker: Worker, container: RuntimeContainer, settings: RuntimeSettings, args: argparse.Namespace
+) -> None:
+    """`items cancel`: cancel one waiting or claimed item of this worker's kind, audited
+    (`WorkManagerInterface.cancel_item`); a dry run shows it, or why it would be refused."""
+    rctx = RequestContext.new(_app(settings))
+    work = container.managers.work
+    (ctx,) = await _contexts(container, rctx, args.org)
+    item = await work.get(ctx, args.item_id)
+    _refuse_other_kind(worker, item.id, item.kind.value)
+    if args.dry_run:
+        if item.deleted_at is not None:
+            raise Conflict(f"deleted_at: item {item.id} was discarded at {item.deleted_at}")
+        if item.status not in (WorkStatus.AVAILABLE, WorkStatus.CLAIMED):
+            raise Conflict(
+                "status: only an available or claimed item can be cancelled; this one is "
+                f"{item.status}"
+            )
+        print(f"would cancel {_row(item)}")
+        print("dry run: nothing changed", file=sys.stderr)
+        return
+    cancelled = await work.cancel_item(ctx, args.item_id, operator=_operator(settings, args))
+    print(f"cancelled  {_row(cancelled)}")
 
 
 async def _dead_letters(
@@ -451,7 +480,7 @@ def _writes(args: argparse.Namespace) -> bool:
     if args.command == "enqueue":
         return True
     if args.command == "items":
-        return args.action in ("move", "discard") and not args.dry_run
+        return args.action in ("move", "discard", "cancel") and not args.dry_run
     if args.command == "lanes":
         return bool(args.action != "list")
     return args.command == "dead-letters" and args.action != "list" and not args.dry_run

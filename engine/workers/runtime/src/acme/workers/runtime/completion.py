@@ -13,6 +13,7 @@ from uuid import UUID
 
 from acme.om.work import WorkManagerInterface
 from acme.workers.runtime.errors import one_line
+from acme.workers.runtime.lease import mark_cancelled
 from acme.workers.runtime.metrics import WorkerMetrics
 from acme.workers.runtime.outage import DatabaseOutage
 from acme.workers.runtime.state import LOOP_LOGGER, ClaimSignal, InFlight, Phase, log_item
@@ -96,6 +97,8 @@ class Completions:
             if flight.item.id in done:
                 self.metrics.completed.labels(kind=kind).inc()
                 log_item(logging.DEBUG, "completed", flight.item)
+            elif flight.item.id in done.cancelled:
+                mark_cancelled(flight, self.metrics, "completion refused: cancelled by an operator")
             else:
                 self.metrics.leases_lost.labels(kind=kind, reason="conflict").inc()
                 log_item(logging.WARNING, "completion refused: the lease was lost", flight.item)

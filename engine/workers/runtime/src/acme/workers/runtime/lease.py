@@ -2,7 +2,8 @@
 
 `extend_lease` with the claim token every `lease / 5` seconds (`renewal_interval`), started
 by a timer so an item done sooner never starts it, each call bounded at that interval.
-`Conflict` means another holder has the item: the handler is cancelled at once. Any other
+`Conflict` means another holder has the item: the handler is cancelled at once;
+`ItemCancelled` that an operator cancelled it (`cancel`, counted apart). Any other
 failure is retried; once half the lease has passed by wall clock since the last successful
 renewal the item is given up too (the queue may hand it to someone else from the lease's
 end). Lease expiry itself is the database's clock (docs/guarantees.md §7).
@@ -17,6 +18,7 @@ from collections.abc import Callable
 
 from acme.om.errors import Conflict
 from acme.om.work import WorkManagerInterface
+from acme.om.work.types.work_item import ItemCancelled
 from acme.workers.runtime.metrics import WorkerMetrics
 from acme.workers.runtime.settings import RuntimeSettings
 from acme.workers.runtime.state import InFlight, Phase, log_item
@@ -78,6 +80,9 @@ class LeaseRenewal:
             try:
                 async with asyncio.timeout(interval):
                     flight.item = await self._work.extend_lease(flight.ctx, flight.item, lease)
+            except ItemCancelled:
+                self.cancel(flight)
+                return
             except Conflict:
                 self.lose(flight, Phase.LOST_CONFLICT)
                 return
@@ -112,3 +117,23 @@ class LeaseRenewal:
         log_item(logging.WARNING, "lease lost; cancelling the handler", flight.item, reason=reason)
         if flight.task is not None:
             flight.task.cancel()
+
+    def cancel(self, flight: InFlight) -> None:
+        """An operator cancelled the item (its row is `CANCELLED` under this holder's
+        token): stop its handler and write nothing more (`mark_cancelled`). Only while the
+        handler runs: once it has returned, its refused write marks the cancel."""
+        if flight.phase is not Phase.HANDLING:
+            return
+        mark_cancelled(flight, self._metrics, "cancelled by an operator; cancelling the handler")
+        if flight.task is not None:
+            flight.task.cancel()
+
+
+def mark_cancelled(flight: InFlight, metrics: WorkerMetrics, message: str) -> None:
+    """Put the item in `Phase.CANCELLED`, count it (`worker_items_cancelled_total`, never a
+    lost lease nor a fencing conflict) and log `message`, once per item."""
+    if flight.phase is Phase.CANCELLED:
+        return
+    flight.phase = Phase.CANCELLED
+    metrics.cancelled.labels(kind=str(flight.item.kind)).inc()
+    log_item(logging.INFO, message, flight.item)

@@ -30,15 +30,21 @@ from acme.infra.cache import CacheInterface
 from acme.om.context import AppContext, AppType, RequestContext
 from acme.om.errors import Conflict
 from acme.om.work import WorkManagerInterface
-from acme.om.work.types.handler import WorkHandlerInterface
+from acme.om.work.types.handler import PermanentFailure, Snooze, WorkHandlerInterface
 from acme.om.work.types.policy import KindPolicy
-from acme.om.work.types.work_item import WORK_POLICIES, WorkItem, WorkKind, WorkStatus
+from acme.om.work.types.work_item import (
+    WORK_POLICIES,
+    ItemCancelled,
+    WorkItem,
+    WorkKind,
+    WorkStatus,
+)
 from acme.workers.runtime.completion import Completions
 from acme.workers.runtime.errors import failure_text
 from acme.workers.runtime.heartbeat import Heartbeat
 from acme.workers.runtime.hooks import NO_HOOKS as NO_HOOKS
 from acme.workers.runtime.hooks import ItemHooks as ItemHooks
-from acme.workers.runtime.lease import LeaseRenewal
+from acme.workers.runtime.lease import LeaseRenewal, mark_cancelled
 from acme.workers.runtime.metrics import WorkerMetrics
 from acme.workers.runtime.outage import DatabaseOutage
 from acme.workers.runtime.settings import RuntimeSettings
@@ -151,6 +157,8 @@ class WorkerLoop:
             unwritten=self.unwritten,
             signal=self.signal,
         )
+        if wake_ups is not None:
+            wake_ups.on_cancel = self.cancel_held
         self._stop = asyncio.Event()
         self._drained = asyncio.Event()
 
@@ -367,18 +375,22 @@ class WorkerLoop:
                     await handler.handle(flight.ctx, item)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
-            if not flight.phase.lost and task is not None and task.cancelling() == 0:
+            if not flight.phase.stopped and task is not None and task.cancelling() == 0:
                 # Nobody cancelled this task: the handler raised CancelledError itself (a
                 # future it awaited was cancelled, say). A failed attempt, as any error is;
                 # re-raised, it would leave the item claimed until its lease passed.
                 await self._handler_failed(flight, starter, exc, failing)
             else:
                 await self._lease.stop(flight, starter)
-                if not flight.phase.lost:
+                if not flight.phase.stopped:
                     raise  # the drain cancelled us: it hands the item back
                 if task is not None:
                     task.uncancel()
-                await self._after_lease_lost(flight)
+                await self._after_lease_lost(flight)  # a cancelled item: nothing to write
+        except (PermanentFailure, Snooze) as verdict:
+            await self._lease.stop(flight, starter)
+            await self._hook("after_item", self._hooks.after_item(flight.ctx, item, verdict), item)
+            await self._verdict(flight, verdict)
         except Exception as exc:
             if isinstance(exc, TimeoutError) and bound.expired():
                 await self._lease.stop(flight, starter)
@@ -396,6 +408,11 @@ class WorkerLoop:
             # flight with it.
             await self._handler_failed(flight, starter, exc, failing)
         else:
+            if flight.phase is Phase.CANCELLED:
+                # Cancelled while it ran, and it returned anyway: its completion would be
+                # refused; nothing is written.
+                await self._lease.stop(flight, starter)
+                return
             if bound.expired():
                 # The handler caught the timeout's cancellation and went on to finish: its
                 # work is done, so the item completes, but its timeout did not hold.
@@ -445,6 +462,49 @@ class WorkerLoop:
             )
         await self._fail(flight, failure_text(raised, _ERROR_LIMIT), raised=raised, failing=failing)
 
+    async def _verdict(self, flight: InFlight, verdict: PermanentFailure | Snooze) -> None:
+        """Write the handler's own verdict (docs/decisions/0039): `PermanentFailure` makes
+        the item a dead letter at once, `Snooze` hands it back for `delay_s` seconds with
+        its attempt given back; both fenced on the claim token like every write."""
+        kind = str(flight.item.kind)
+        try:
+            if isinstance(verdict, PermanentFailure):
+                reason = f"PermanentFailure: {verdict.reason}"[:_ERROR_LIMIT]
+                flight.item = await self._work.fail_permanently(flight.ctx, flight.item, reason)
+            else:
+                flight.item = await self._work.defer(
+                    flight.ctx, flight.item, verdict.delay_s, note="snoozed"
+                )
+        except ItemCancelled:
+            mark_cancelled(flight, self.metrics, "verdict refused: cancelled by an operator")
+            return
+        except Conflict:
+            flight.phase = Phase.SETTLED
+            self.metrics.leases_lost.labels(kind=kind, reason="conflict").inc()
+            log_item(logging.WARNING, "verdict refused: the lease was lost", flight.item)
+            return
+        except Exception:
+            self.unwritten.follow(flight.ctx, flight.item, "failure_unrecorded")
+            logger.exception("recording the handler's verdict failed; the sweep hands it back")
+            return
+        flight.phase = Phase.SETTLED
+        if isinstance(verdict, Snooze):
+            self.metrics.snoozed.labels(kind=kind).inc()
+            log_item(logging.INFO, "snoozed", flight.item, delay_s=verdict.delay_s)
+            return
+        self.metrics.dead_lettered.labels(kind=kind).inc()
+        log_item(logging.ERROR, "dead-lettered by its handler", flight.item, error=verdict.reason)
+        await self._hook(
+            "on_dead_letter", self._hooks.on_dead_letter(flight.ctx, flight.item), flight.item
+        )
+
+    def cancel_held(self, item_id: UUID) -> None:
+        """An operator cancelled item `item_id` (a wake-up channel said so): when this
+        worker runs its handler, cancel it (`LeaseRenewal.cancel`); else nothing."""
+        flight = self._items.get(item_id)
+        if flight is not None:
+            self._lease.cancel(flight)
+
     async def _hook(self, name: str, call: Awaitable[None], item: WorkItem) -> None:
         """Await one after-the-fact hook (`ItemHooks`); what it raises is logged and counted,
         never passed on."""
@@ -487,6 +547,8 @@ class WorkerLoop:
         more = {"error": shown} | ({"raised_by": failing.split()[0]} if raised else {})
         try:
             flight.item = await self._record_failure(flight, error[:_ERROR_LIMIT])
+        except ItemCancelled:
+            mark_cancelled(flight, self.metrics, "failure refused: cancelled by an operator")
         except Conflict:
             flight.phase = Phase.SETTLED
             self.metrics.leases_lost.labels(kind=kind, reason="conflict").inc()
@@ -549,6 +611,8 @@ class WorkerLoop:
         kind = str(flight.item.kind)
         try:
             flight.item = await self._work.release(flight.ctx, flight.item, note=note)
+        except ItemCancelled:
+            mark_cancelled(flight, self.metrics, "release refused: cancelled by an operator")
         except Conflict:
             flight.phase = Phase.SETTLED
             log_item(logging.WARNING, "release refused: the lease was lost", flight.item)

@@ -78,7 +78,21 @@ class WorkerMetrics:
         )
         self.dead_lettered = Counter(
             "worker_items_dead_lettered",
-            "Attempts that failed at max_attempts: the item is a dead letter",
+            "Attempts that failed at max_attempts, or whose handler raised PermanentFailure: "
+            "the item is a dead letter",
+            ["kind"],
+            registry=registry,
+        )
+        self.cancelled = Counter(
+            "worker_items_cancelled",
+            "Items an operator cancelled while this worker held them: the handler was "
+            "cancelled or its outcome refused (never a fencing conflict nor a lost lease)",
+            ["kind"],
+            registry=registry,
+        )
+        self.snoozed = Counter(
+            "worker_items_snoozed",
+            "Items whose handler raised Snooze: handed back for later, the attempt given back",
             ["kind"],
             registry=registry,
         )

@@ -143,8 +143,11 @@ class Phase(Enum):
     is renewed. `HANDLED`: the handler returned or raised; its final write (completion,
     failure) is queued or under way. `LOST_CONFLICT`, `LOST_UNRENEWED`: the loop fenced
     itself while the handler ran (a renewal refused with `Conflict`; half a lease without a
-    successful renewal) and cancelled the handler. `SETTLED`: a final write reached the
-    store (completed, failed, released, or refused because another worker holds it).
+    successful renewal) and cancelled the handler. `CANCELLED`: an operator cancelled the
+    item while it was held (heard on a wake-up channel, or from a write refused with
+    `ItemCancelled`); the handler was cancelled and nothing more is written. `SETTLED`: a
+    final write reached the store (completed, failed, released, or refused because another
+    worker holds it).
     """
 
     CLAIMED = "claimed"
@@ -152,12 +155,18 @@ class Phase(Enum):
     HANDLED = "handled"
     LOST_CONFLICT = "conflict"
     LOST_UNRENEWED = "unrenewed"
+    CANCELLED = "cancelled"
     SETTLED = "settled"
 
     @property
     def lost(self) -> bool:
         """True once the loop fenced itself off the item."""
         return self in (Phase.LOST_CONFLICT, Phase.LOST_UNRENEWED)
+
+    @property
+    def stopped(self) -> bool:
+        """True once the loop cancelled the handler itself: fenced off, or cancelled."""
+        return self.lost or self is Phase.CANCELLED
 
 
 @dataclass

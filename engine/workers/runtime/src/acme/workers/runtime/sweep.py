@@ -2,12 +2,12 @@
 
 Each service does one job and is idempotent (a conditional statement): per tenant, under
 its service context, `RequeueStale`, `AuditDeadLetters`, `ResumeParked`, `PurgeDeleted`,
-`PurgeCompleted`; across tenants, `RelayOutbox` (what a crash left in the outbox, and the
-continuations resumed records appended there), `PurgeRelayed`, `UnwrittenWrites` (items
-whose final write failed, followed until a sweep hands them back) and last `QueueStats`
-(the gauges and the `queue stats` line, `queue_stats.py`). Every call is wrapped by
-`SweepSteps`, so one failing step never stops the others. The shape follows River's queue
-maintainer (one service per job).
+`PurgeCompleted`, `PurgeCancelled`; across tenants, `RelayOutbox` (what a crash left in the
+outbox, and the continuations resumed records appended there), `PurgeRelayed`,
+`UnwrittenWrites` (items whose final write failed, followed until a sweep hands them back)
+and last `QueueStats` (the gauges and the `queue stats` line, `queue_stats.py`). Every call
+is wrapped by `SweepSteps`, so one failing step never stops the others. The shape follows
+River's queue maintainer (one service per job).
 """
 
 from __future__ import annotations
@@ -132,6 +132,17 @@ class PurgeCompleted:
             await steps.move(moved, "purge_completed", call)
 
 
+class PurgeCancelled:
+    """Cancelled items past `retention` seconds since their cancel."""
+
+    def __init__(self, work: WorkManagerInterface, retention_s: float) -> None:
+        self._work, self._retention_s = work, retention_s
+
+    async def sweep_tenant(self, steps: SweepSteps, ctx: OpContext, moved: Moved) -> None:
+        call = partial(self._work.purge_cancelled, ctx, older_than=self._retention_s)
+        await steps.move(moved, "purge_cancelled", call)
+
+
 class RelayOutbox:
     """Relay what the outbox holds (a crash's leftovers, resumed records' continuations),
     then purge relayed rows past `retention` seconds."""
@@ -221,6 +232,7 @@ class Sweep:
             ResumeParked(parked or {}),
             PurgeDeleted(work, settings.retention),
             PurgeCompleted(work, settings.completed_retention),
+            PurgeCancelled(work, settings.retention),
         ]
         self.relay = RelayOutbox(outbox_relay, settings.retention)
         self.queue_stats = QueueStats(

@@ -3,7 +3,10 @@
 One path per loop (`wake_ups_for`): the storage's own wake-ups (PostgreSQL NOTIFY, sent by
 the enqueue's transaction at commit) when it has them and `database_wake_ups` is on, else
 `Topics.WORK_AVAILABLE`. A lost subscription is re-established after 0.1 s, doubling to
-1 s, and logged once when lost and once when back; the loop polls meanwhile.
+1 s, and logged once when lost and once when back; the loop polls meanwhile. The same
+channels carry an operator's cancel of an item on the lane (`(lane, cancel:<id>)`), handed
+to `on_cancel` (the loop's `cancel_held`) instead of waking the claim loop
+(docs/decisions/0038).
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import Any, Generic, TypeVar
+from uuid import UUID
 
 from pydantic import BaseModel
 
 from acme.infra.topics import Topics, TopicsInterface, WorkAvailablePayload
 from acme.om.work import WorkManagerInterface
+from acme.om.work.storage import CANCEL_NOTE
 from acme.om.work.types.work_item import WorkKind
 from acme.workers.runtime.errors import one_line
 from acme.workers.runtime.metrics import WorkerMetrics
@@ -42,7 +47,8 @@ class WakeUpSubscription(Generic[T]):
 
     `subscribe()` returns the subscription to enter (None: the channel is gone, `run`
     returns). `state.wake_ups_up` and `worker_wake_up_channel_up{channel}` say whether it
-    is held.
+    is held. `cancelled` reads the id of the item a message says was cancelled (None for a
+    wake-up); such a message goes to `on_cancel`, which the loop sets.
     """
 
     def __init__(
@@ -55,10 +61,13 @@ class WakeUpSubscription(Generic[T]):
         metrics: WorkerMetrics,
         state: LoopState,
         signal: ClaimSignal,
+        cancelled: Callable[[T], UUID | None] = lambda _message: None,
     ) -> None:
         self.channel = channel
+        self.on_cancel: Callable[[UUID], None] = lambda _item_id: None
         self._subscribe = subscribe
         self._wanted = wanted
+        self._cancelled = cancelled
         self._settings = settings
         self._metrics = metrics
         self._state = state
@@ -103,7 +112,9 @@ class WakeUpSubscription(Generic[T]):
                     lost_at, tries, retry = None, 0, _RESUBSCRIBE_FIRST_S
                     signal.woken()  # whatever was enqueued while we were away
                     async for message in messages:
-                        if self._wanted(message):
+                        if (item_id := self._cancelled(message)) is not None:
+                            self.on_cancel(item_id)
+                        elif self._wanted(message):
                             signal.woken()
                 raise ConnectionError("the subscription ended")
             except Exception as exc:
@@ -148,10 +159,14 @@ def wake_ups_for(
         def note_wanted(note: tuple[str, str]) -> bool:
             return note[0] == lane and note[1] in names
 
+        def note_cancelled(note: tuple[str, str]) -> UUID | None:
+            return cancelled_item(lane, *note)
+
         return WakeUpSubscription(
             channel="database",
             subscribe=work.wake_ups,
             wanted=note_wanted,
+            cancelled=note_cancelled,
             settings=settings,
             metrics=metrics,
             state=state,
@@ -165,12 +180,29 @@ def wake_ups_for(
             and message.kind in names
         )
 
+    def message_cancelled(message: BaseModel) -> UUID | None:
+        if not isinstance(message, WorkAvailablePayload):
+            return None
+        return cancelled_item(lane, message.lane, message.kind)
+
     return WakeUpSubscription(
         channel="topic",
         subscribe=partial(topics.subscribe, Topics.WORK_AVAILABLE),
         wanted=message_wanted,
+        cancelled=message_cancelled,
         settings=settings,
         metrics=metrics,
         state=state,
         signal=signal,
     )
+
+
+def cancelled_item(lane: str, note_lane: str, note_kind: str) -> UUID | None:
+    """The id of the item a wake-up `(note_lane, note_kind)` says was cancelled on `lane`
+    (`note_kind` is `cancel:<item id>`); None for any other wake-up, or one that names no id."""
+    if note_lane != lane or not note_kind.startswith(CANCEL_NOTE):
+        return None
+    try:
+        return UUID(note_kind.removeprefix(CANCEL_NOTE))
+    except ValueError:
+        return None

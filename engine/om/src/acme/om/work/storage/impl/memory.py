@@ -23,6 +23,7 @@ from acme.om.work.storage import (
 )
 from acme.om.work.types.lanes import LanePause
 from acme.om.work.types.work_item import (
+    ItemCancelled,
     LaneStats,
     UnreadableItem,
     UnreadableRow,
@@ -153,6 +154,8 @@ class MemoryWorkStorage(WorkStorageInterface):
             if row is None:
                 raise NotFound(f"item_id: no work item {item.id}")
             now = self._clock()
+            if row.status is WorkStatus.CANCELLED and row.claim_token == claim_token:
+                raise ItemCancelled(item.id)
             if (
                 row.claim_token != claim_token
                 or row.status is not WorkStatus.CLAIMED
@@ -373,6 +376,24 @@ class MemoryWorkStorage(WorkStorageInterface):
             org_id, item_id, changes, needs_object_payload=payload is None
         )
 
+    async def cancel_item(self, org_id: UUID, item_id: UUID) -> WorkItem | None:
+        """See `WorkStorageInterface.cancel_item` (no wake-ups of its own)."""
+        async with self._lock:
+            row = self._tenant_row(org_id, item_id)
+            waiting = (WorkStatus.AVAILABLE, WorkStatus.CLAIMED)
+            if row is None or row.status not in waiting or row.deleted_at is not None:
+                return None
+            changes = {
+                "status": WorkStatus.CANCELLED,
+                "note": "cancelled",
+                "lease_expires_at": None,
+                "updated_at": self._clock(),
+                "updated_by": EMPTY_UUID,
+            }
+            written = _strict(row.model_copy(update=changes))
+            self._rows[item_id] = written
+            return written.model_copy(deep=True)
+
     async def discard_item(self, org_id: UUID, item_id: UUID) -> WorkItem | None:
         """See `WorkStorageInterface.discard_item`."""
         return await self._operator_write(
@@ -457,6 +478,25 @@ class MemoryWorkStorage(WorkStorageInterface):
             for item_id in doomed:
                 del self._rows[item_id]
                 self._owed.pop(item_id, None)
+            return len(doomed)
+
+    async def purge_cancelled(self, org_id: UUID, older_than: float, limit: int) -> int:
+        """See `WorkStorageInterface.purge_cancelled`."""
+        async with self._lock:
+            cutoff = self._after(-older_than)
+            done = sorted(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.org_id == org_id
+                    and r.status is WorkStatus.CANCELLED
+                    and r.updated_at < cutoff
+                ),
+                key=lambda r: (r.updated_at, r.id),
+            )
+            doomed = [r.id for r in done[: max(limit, 0)]]
+            for item_id in doomed:
+                del self._rows[item_id]
             return len(doomed)
 
     async def pause_lane(

@@ -51,6 +51,7 @@ from acme.om.work.storage.tables.work_items import (
     work_items,
 )
 from acme.om.work.types.work_item import (
+    ItemCancelled,
     UnreadableRow,
     WorkItem,
     WorkKind,
@@ -279,9 +280,14 @@ class SqlWorkStorage(SqlOperatorStatements):
         )
         row = (await conn.execute(stmt, params)).first()
         if row is None:
-            stored = select(t.c.id).where(t.c.id == item.id, t.c.org_id == org_id)
-            if (await conn.execute(stored)).first() is None:
+            stored = select(t.c.status, t.c.claim_token).where(
+                t.c.id == item.id, t.c.org_id == org_id
+            )
+            found = (await conn.execute(stored)).first()
+            if found is None:
                 raise NotFound(f"item_id: no work item {item.id}")
+            if found.status == WorkStatus.CANCELLED.value and found.claim_token == claim_token:
+                raise ItemCancelled(item.id)
             raise Conflict(f"claim_token: work item {item.id} is no longer held under it")
         return row_to_item(row._mapping)
 

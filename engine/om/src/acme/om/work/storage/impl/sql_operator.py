@@ -31,6 +31,7 @@ from acme.om.storage.funnel import StorageFunnel
 from acme.om.storage.roles import DatabaseRole
 from acme.om.types import EMPTY_UUID
 from acme.om.work.storage import (
+    CANCEL_NOTE,
     LANE_MOVED,
     LEASE_EXPIRED,
     LEASE_EXPIRED_FINAL,
@@ -270,6 +271,38 @@ class SqlOperatorStatements(WorkStorageInterface):
             announce=True,
         )
 
+    async def cancel_item(self, org_id: UUID, item_id: UUID) -> WorkItem | None:
+        """See `WorkStorageInterface.cancel_item`: one UPDATE conditional on the status, so a
+        completion or a failure that commits first leaves nothing to cancel, and one that
+        comes after finds the row `CANCELLED` and is refused by its own fence."""
+        stmt = (
+            update(t)
+            .where(
+                t.c.id == item_id,
+                t.c.org_id == org_id,
+                or_(
+                    t.c.status == WorkStatus.AVAILABLE.value,
+                    t.c.status == WorkStatus.CLAIMED.value,
+                ),
+                t.c.deleted_at.is_(None),
+            )
+            .values(
+                status=WorkStatus.CANCELLED.value,
+                note="cancelled",
+                lease_expires_at=None,
+                updated_at=self._now(),
+                updated_by=EMPTY_UUID,
+            )
+            .returning(*t.c)
+        )
+        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            row = (await conn.execute(stmt)).first()
+            if row is None:
+                return None
+            written = row_to_item(row._mapping)
+            await self._announce(conn, [(written.lane, f"{CANCEL_NOTE}{written.id}")])
+            return written
+
     async def discard_item(self, org_id: UUID, item_id: UUID) -> WorkItem | None:
         """See `WorkStorageInterface.discard_item`."""
         return await self._operator_write(
@@ -359,6 +392,26 @@ class SqlOperatorStatements(WorkStorageInterface):
             select(t.c.id)
             .where(done)
             .order_by(t.c.completed_at, t.c.id)
+            .limit(limit)
+            .scalar_subquery()
+        )
+        stmt = delete(t).where(t.c.id.in_(picked), done).returning(t.c.id)
+        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            return len((await conn.execute(stmt)).all())
+
+    async def purge_cancelled(self, org_id: UUID, older_than: float, limit: int) -> int:
+        """See `WorkStorageInterface.purge_cancelled`: `purge_completed`'s shape, over the
+        partial index `ix_work_items_cancelled`."""
+        cutoff = self._after(-older_than)
+        done = (
+            (t.c.org_id == org_id)
+            & (t.c.status == WorkStatus.CANCELLED.value)
+            & (t.c.updated_at < cutoff)
+        )
+        picked = (
+            select(t.c.id)
+            .where(done)
+            .order_by(t.c.updated_at, t.c.id)
             .limit(limit)
             .scalar_subquery()
         )

@@ -128,7 +128,9 @@ work_items = Table(
     # statement that writes one writes the other).
     Column("audit_owed_token", Uuid),
     Column("audit_owed_reason", Text),
-    CheckConstraint("status IN ('AVAILABLE', 'CLAIMED', 'COMPLETED', 'FAILED')", name="status"),
+    CheckConstraint(
+        "status IN ('AVAILABLE', 'CLAIMED', 'COMPLETED', 'FAILED', 'CANCELLED')", name="status"
+    ),
     CheckConstraint("attempts >= 0", name="attempts"),
     CheckConstraint("max_attempts >= 1", name="max_attempts"),
     CheckConstraint(
@@ -167,6 +169,15 @@ work_items = Table(
         "completed_at",
         postgresql_where=text("status = 'COMPLETED'"),
         sqlite_where=text("status = 'COMPLETED'"),
+    ),
+    # The retention sweep of cancelled items: a tenant's, oldest cancel first (a cancelled
+    # row is final, so `updated_at` is when it was cancelled).
+    Index(
+        "ix_work_items_cancelled",
+        "org_id",
+        "updated_at",
+        postgresql_where=text("status = 'CANCELLED'"),
+        sqlite_where=text("status = 'CANCELLED'"),
     ),
     # The sweep's audit step: a tenant's dead letters whose audit entry is owed (a handful).
     Index(
