@@ -53,6 +53,7 @@ HOST_TESTS = {
     "om/tests/work_fixtures.py",
     "om/tests/contracts/work_storage.py",
     "om/tests/contracts/work_storage_base.py",
+    "om/tests/contracts/work_storage_cancel.py",
     "om/tests/contracts/work_storage_claim.py",
     "om/tests/contracts/work_storage_lanes.py",
     "om/tests/contracts/work_storage_rows.py",

@@ -6,8 +6,8 @@ database's clock is waited on), and a `store(storage, values)` that stores a row
 unvalidated, past the table's own checks (a row the storage's writes never make). The cases
 cover claim exclusivity, lease, requeue, fencing, idempotency, tenants and the raced claim,
 the replays of peers' failure reports (the template's docs/guarantees.md §2) that hold at
-the storage level, rows that cannot be read, the audit entries dead letters owe, and
-paused lanes.
+the storage level, rows that cannot be read, the audit entries dead letters owe, paused
+lanes, and an operator's cancel.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from contracts.work_storage_base import (
     SHORT_LEASE_S,
     StorageCases,
 )
+from contracts.work_storage_cancel import CancelCases
 from contracts.work_storage_claim import ClaimCases
 from contracts.work_storage_lanes import LaneCases
 from contracts.work_storage_rows import RowCases
@@ -34,5 +35,5 @@ __all__ = [
 ]
 
 
-class WorkStorageContract(ClaimCases, SweepCases, RowCases, LaneCases):
+class WorkStorageContract(ClaimCases, SweepCases, RowCases, LaneCases, CancelCases):
     """The cases every work storage passes; subclasses provide `storage` and `advance`."""

@@ -3,7 +3,8 @@
 `test_work_manager.py`, which hosts receive, holds the item's life a host relies on; here
 the rest over the same memory bench: bulk and refused enqueues, wake-up batching, the
 claim's context asks, dead letters and the audit entry each one owes, unreadable rows and
-the operator writes (replay, discard, move_lane, purge). Fixtures as in that file.
+the operator writes (replay, discard, move_lane, purge, cancel) and a handler's verdicts.
+Fixtures as in that file.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from acme.om.work.storage.impl.memory import MemoryWorkStorage
 from acme.om.work.types.work_item import (
     WORK_PAYLOADS,
     WORK_POLICIES,
+    ItemCancelled,
     UnreadableItem,
     WorkItem,
     WorkKind,
@@ -1260,3 +1262,134 @@ async def test_a_row_that_cannot_be_read_never_stops_the_claim_and_is_audited_by
             await write(ctx, bad["id"])
     (still,) = (await bench.work.list_items(ctx, status=WorkStatus.FAILED)).unreadable
     assert still.values == listed.values  # refused, nothing written
+
+
+# -- cancel and a handler's verdicts -----------------------------------------------------------
+
+
+async def test_cancel_item_of_a_waiting_item_is_audited_with_the_operator(
+    bench: WorkBench, ctx: OpContext
+) -> None:
+    item = await bench.work.enqueue(ctx, new_item(ctx))
+    cancelled = await bench.work.cancel_item(ctx, item.id, operator="alice")
+    assert cancelled.status is WorkStatus.CANCELLED
+    last = (await bench.managers.audit.list_for(ctx, "work_item", item.id))[-1]
+    assert (last.action, last.actor_id) == ("work.cancelled", ctx.user_id)
+    assert last.detail == {
+        "kind": KIND.value,
+        "lane": LANE,
+        "was": "AVAILABLE",
+        "operator": "alice",
+    }
+    assert bench.count("work_items_cancelled_total", kind=KIND.value, was="available") == 1
+    assert (
+        await bench.work.claim_many(
+            RequestContext.new(WORKER_APP), LANE, [KIND], "w1", lease=LEASE_S, limit=5
+        )
+        == []
+    )
+
+
+async def test_cancel_item_of_a_claimed_item_refuses_the_holder_without_a_conflict_counted(
+    bench: WorkBench, ctx: OpContext
+) -> None:
+    item = await bench.work.enqueue(ctx, new_item(ctx))
+    work_ctx, held = await claim(bench)
+    await bench.work.cancel_item(ctx, item.id)
+    last = (await bench.managers.audit.list_for(ctx, "work_item", item.id))[-1]
+    assert (last.detail["was"], last.detail["claimed_by"]) == ("CLAIMED", "w1")
+    with pytest.raises(ItemCancelled):
+        await bench.work.extend_lease(work_ctx, held, LEASE_S)
+    with pytest.raises(ItemCancelled):
+        await bench.work.fail(work_ctx, held, "boom")
+    done = await bench.work.complete_many([(work_ctx, held)])
+    assert (set(done), done.cancelled) == (set(), {item.id})
+    assert bench.count("work_fencing_conflicts_total", operation="complete") == 0
+    assert bench.count("work_fencing_conflicts_total", operation="extend_lease") == 0
+    assert bench.count("work_fencing_conflicts_total", operation="fail") == 0
+
+
+async def test_cancel_item_sends_the_cancel_note_on_the_topic(
+    bench: WorkBench, ctx: OpContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker on Redis hears of the cancel at once: `(lane, cancel:<id>)`."""
+    item = await bench.work.enqueue(ctx, new_item(ctx))
+    await bench.work.publish_owed_wake_ups()
+    sent: list[object] = []
+    publish = bench.infra.topics.publish
+
+    async def recorded(topic: Topics, message: WorkAvailablePayload) -> None:
+        sent.append(message)
+        await publish(topic, message)
+
+    monkeypatch.setattr(bench.infra.topics, "publish", recorded)
+    await bench.work.cancel_item(ctx, item.id)
+    await bench.work.publish_owed_wake_ups()
+    assert sent == [WorkAvailablePayload(lane=LANE, kind=f"cancel:{item.id}")]
+
+
+async def test_cancel_item_refuses_a_finished_or_unknown_item_in_one_line(
+    bench: WorkBench, ctx: OpContext
+) -> None:
+    dead = await dead_letter(bench, ctx)
+    with pytest.raises(Conflict, match=r"^status: only an available or claimed item can be "):
+        await bench.work.cancel_item(ctx, dead.id)
+    await bench.work.discard(ctx, dead.id)
+    with pytest.raises(Conflict, match=r"^deleted_at: "):
+        await bench.work.cancel_item(ctx, dead.id)
+    with pytest.raises(NotFound, match=r"^item_id: no work item "):
+        await bench.work.cancel_item(ctx, uuid4())
+    entries = await bench.managers.audit.list_for(ctx, "work_item", dead.id)
+    assert "work.cancelled" not in [e.action for e in entries]
+
+
+async def test_purge_cancelled_deletes_cancelled_items_past_retention_only(
+    bench: WorkBench, ctx: OpContext, clock: FakeClock
+) -> None:
+    item = await bench.work.enqueue(ctx, new_item(ctx))
+    await bench.work.cancel_item(ctx, item.id)
+    clock.advance(10)
+    assert await bench.work.purge_cancelled(ctx, older_than=60) == 0
+    assert await bench.work.purge_cancelled(ctx, older_than=5) == 1
+    with pytest.raises(Invalid):
+        await bench.work.purge_cancelled(ctx, older_than=-1)
+    with pytest.raises(Invalid):
+        await bench.work.purge_cancelled(ctx, older_than=5, limit=0)
+
+
+async def test_fail_permanently_dead_letters_at_once_and_audits_the_reason(
+    bench: WorkBench, ctx: OpContext
+) -> None:
+    item = await bench.work.enqueue(ctx, new_item(ctx, max_attempts=5))
+    work_ctx, held = await claim(bench)
+    dead = await bench.work.fail_permanently(work_ctx, held, "PermanentFailure: no such order")
+    assert (dead.status, dead.attempts, dead.last_error) == (
+        WorkStatus.FAILED,
+        1,
+        "PermanentFailure: no such order",
+    )
+    (entry,) = await dead_lettered_entries(bench, ctx, item.id)
+    assert (entry.detail["reason"], entry.detail["last_error"]) == (
+        "handler",
+        "PermanentFailure: no such order",
+    )
+    assert bench.count("work_dead_letters_total", kind=KIND.value, reason="handler") == 1
+    with pytest.raises(Conflict):
+        await bench.work.fail_permanently(work_ctx, held, "again")
+
+
+async def test_a_snooze_hands_the_item_back_later_with_its_attempt_given_back(
+    bench: WorkBench, ctx: OpContext, clock: FakeClock
+) -> None:
+    await bench.work.enqueue(ctx, new_item(ctx))
+    work_ctx, held = await claim(bench)
+    snoozed = await bench.work.defer(work_ctx, held, 30.0, note="snoozed")
+    assert (snoozed.status, snoozed.attempts, snoozed.note) == (
+        WorkStatus.AVAILABLE,
+        0,
+        "snoozed",
+    )
+    rctx = RequestContext.new(WORKER_APP)
+    assert await bench.work.claim(rctx, LANE, [KIND], "w1", LEASE_S) is None
+    clock.advance(31)
+    assert await bench.work.claim(rctx, LANE, [KIND], "w1", LEASE_S) is not None
