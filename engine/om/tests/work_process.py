@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import os
 import sys
+import time
 
 from acme.infra.boot import boot
 from acme.om.context import OpContext
@@ -26,8 +27,10 @@ from acme.workers.runtime.worker import Worker
 class ScriptedHandler(WorkHandlerInterface):
     """The process tests' handler, scripted through the environment.
 
-    `WORKER_TEST_LOG`: a file that gets a line `start <item id>` when a run starts and
-    `done <item id>` when it ends. `WORKER_TEST_SECONDS`: how long a run takes (default
+    `WORKER_TEST_LOG`: a file that gets a line `start <item id>` when a run starts,
+    `done <item id>` when it ends, and `cancelled <item id> <time.time()>` when the run is
+    cancelled (the worker cancels the handler's task: an operator's cancel, a lost lease,
+    a drain). `WORKER_TEST_SECONDS`: how long a run takes (default
     0). `WORKER_TEST_HANG_FIRST=1`: the first run of each item (no `start` line for it in
     the log yet) never ends, as a process that is about to be killed.
     `WORKER_TEST_RAISE`: each run raises `ValueError` with this text, Python escapes
@@ -44,9 +47,13 @@ class ScriptedHandler(WorkHandlerInterface):
     async def handle(self, ctx: OpContext, item: WorkItem) -> None:
         first = f"start {item.id}" not in self._read()
         self._write(f"start {item.id}")
-        if first and self._hang_first:
-            await asyncio.Event().wait()
-        await asyncio.sleep(self._seconds)
+        try:
+            if first and self._hang_first:
+                await asyncio.Event().wait()
+            await asyncio.sleep(self._seconds)
+        except asyncio.CancelledError:
+            self._write(f"cancelled {item.id} {time.time()}")
+            raise
         if self._raise is not None:
             raise ValueError(self._raise)
         self._write(f"done {item.id}")

@@ -160,6 +160,7 @@ _PLAY_INDEXES = {
     "ix_work_items_completed",
     "ix_work_items_audit_owed",
     "ix_work_items_deleted",
+    "ix_work_items_cancelled",
 }
 
 
@@ -182,7 +183,7 @@ async def test_the_sweep_reads_the_rows_in_play_never_the_history(
     pg_funnel: StorageFunnel, pg_owner_url: str, lane: str
 ) -> None:
     """With thousands of completed rows and audited dead letters in a tenant, every
-    statement of a sweep pass over the queue (requeue, both purges, owed audits, the
+    statement of a sweep pass over the queue (requeue, the three purges, owed audits, the
     queue stats) reads through an index that holds only the rows in play: none scans the
     table or the tenant's whole history, so a pass costs what the backlog holds, not what
     the retention keeps (docs/operations.md, the table's indexes)."""
@@ -213,6 +214,7 @@ async def test_the_sweep_reads_the_rows_in_play_never_the_history(
             await storage.requeue_stale(org, None, 100)
             await storage.purge_deleted(org, 3600.0)
             await storage.purge_completed(org, 7 * 86400.0, 1000)
+            await storage.purge_cancelled(org, 7 * 86400.0, 1000)
             await storage.owed_audits(org, limit=100)
             await storage.queue_stats(EMPTY_UUID)
         finally:

@@ -44,6 +44,7 @@ from acme.workers.runtime.container import RuntimeContainer
 from acme.workers.runtime.testing import (
     APP,
     PROBE,
+    PROBE_KIND,
     ProbeContainer,
     ProbeSettings,
     new_items,
@@ -284,6 +285,88 @@ async def test_a_handler_running_three_leases_long_completes_once(
     assert done.attempts == 1
     assert worker.script_lines("start", item.id) == 1
     assert worker.script_lines("done", item.id) == 1
+
+
+@pytest.mark.parametrize("channel", ["database", "topic"])
+async def test_a_running_item_cancelled_ends_cancelled_its_handler_cancelled_within_1_s(
+    queue: RuntimeContainer,
+    tenant: OpContext,
+    workers: Callable[..., WorkerProcess],
+    pg_storage: SqlStorageRoot,
+    worker_env: dict[str, str],
+    channel: str,
+) -> None:
+    """Issue 33's acceptance: a 30 s item cancelled mid-run ends `CANCELLED`, its handler
+    gets `CancelledError` within 1 s (over PostgreSQL NOTIFY, and over the Redis topic), and
+    the worker counts a cancel, never a fencing conflict nor a lost lease. The lease is 30 s
+    (a renewal every 6 s), so only the wake-up channel can be that quick."""
+    topic = channel == "topic"
+    canceller = queue
+    if topic:  # the operator's manager publishes on the worker's Redis
+        infra = InfraSettings(
+            redis_url=worker_env[f"{ROOT}REDIS_URL"],
+            redis_prefix=worker_env[f"{ROOT}REDIS_PREFIX"],
+        )
+        canceller = ProbeContainer.for_tests(pg_storage, Infra.build(infra))
+    (item,) = await _enqueue(queue, tenant)
+    worker = workers(
+        WORKER_TEST_SECONDS="30",
+        **{
+            f"{PREFIX}LEASE": "30",
+            f"{PREFIX}DATABASE_WAKE_UPS": "false" if topic else "true",
+        },
+    )
+    up = f'worker_wake_up_channel_up{{channel="{channel}"}}'
+    await eventually(lambda: _metric_is(worker, up, 1.0), 30.0, "subscribed", worker)
+
+    async def started() -> bool:
+        return worker.script_lines("start", item.id) == 1
+
+    await eventually(started, 15.0, "the run started", worker)
+    try:
+        asked = time.time()
+        await canceller.managers.work.cancel_item(tenant, item.id, operator="process test")
+        await canceller.managers.work.publish_owed_wake_ups()
+    finally:
+        if topic:  # the test's own Redis client (the container closes only what it built)
+            await canceller.infra.aclose()
+
+    async def cancelled() -> bool:
+        return worker.script_lines("start", item.id) == 1 and _cancelled_at(worker, item.id) > 0
+
+    await eventually(cancelled, 5.0, "the handler cancelled", worker)
+    assert _cancelled_at(worker, item.id) - asked < 1.0, worker.tail()
+    cancels = f'worker_items_cancelled_total{{kind="{PROBE_KIND.value}"}}'
+    assert await _metric_is(worker, cancels, 1.0), await _metrics(worker)
+    metrics = await _metrics(worker)
+    assert "worker_leases_lost_total{" not in metrics, metrics
+    assert not [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("work_fencing_conflicts_total{") and not line.endswith(" 0.0")
+    ]
+    row = await _item(queue, tenant, item.id)
+    assert (row.status, row.completed_at) == (WorkStatus.CANCELLED, None)
+    assert worker.script_lines("done", item.id) == 0
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(within=10) == 0, worker.tail()
+    assert (await _item(queue, tenant, item.id)).status is WorkStatus.CANCELLED
+
+
+def _cancelled_at(worker: WorkerProcess, item_id: UUID) -> float:
+    """When the handler of `item_id` was cancelled (`time.time()`), 0.0 if it was not."""
+    text = worker.script.read_text() if worker.script.exists() else ""
+    for line in text.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "cancelled" and rest.startswith(str(item_id)):
+            return float(rest.split()[1])
+    return 0.0
+
+
+async def _metrics(worker: WorkerProcess) -> str:
+    async with httpx.AsyncClient() as client:
+        response = await client.get(f"http://127.0.0.1:{worker.port}/metrics", timeout=1.0)
+    return response.text
 
 
 async def test_a_terminated_database_backend_is_survived(
