@@ -765,6 +765,51 @@ def test_replay_and_discard_name_their_operator_and_a_dry_run_changes_nothing(
     assert (entries[-1].action, entries[-1].detail["operator"]) == ("work.discarded", "bob")
 
 
+async def _waiting(container: RuntimeContainer) -> tuple[UUID, UUID]:
+    """A new tenant and an item waiting in it (on a lane of its own): `(org_id, item_id)`."""
+    rctx = RequestContext.new(APP)
+    org = await container.managers.tenancy.create_org(rctx, "cancels")
+    ctx = await container.managers.tenancy.service_context(
+        rctx, org_id=org.id, acting_for=uuid4(), caused_by_request_id=None
+    )
+    lane = f"cli_{uuid4().hex[:8]}"
+    fresh = WorkItem.new(org_id=org.id, kind=KIND, payload=sample_payload(), lane=lane)
+    item = await container.managers.work.enqueue(ctx, fresh)
+    return org.id, item.id
+
+
+def test_items_cancel_cancels_a_waiting_item_audited_and_refuses_it_twice_in_one_line(
+    backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    org_id, item_id = _on_the_queue(_waiting)
+    capsys.readouterr()
+    argv = ["items", "cancel", str(item_id), "--org", str(org_id), "--operator", "alice"]
+
+    console(PROBE, [*argv, "--dry-run"])
+    assert capsys.readouterr().out.startswith(f"would cancel {item_id}")
+    item, entries = _on_the_queue(lambda c: _state(c, org_id, item_id))
+    assert (item.status, entries) == (WorkStatus.AVAILABLE, [])
+
+    console(PROBE, argv)
+    out = capsys.readouterr().out
+    assert out.startswith(f"cancelled  {item_id}")
+    assert "\tCANCELLED\t" in out
+    item, entries = _on_the_queue(lambda c: _state(c, org_id, item_id))
+    assert item.status is WorkStatus.CANCELLED
+    assert [(e.action, e.detail["operator"], e.detail["was"]) for e in entries] == [
+        ("work.cancelled", "alice", "AVAILABLE")
+    ]
+
+    with pytest.raises(SystemExit) as refused:
+        console(PROBE, argv)
+    assert refused.value.code == 2
+    *_, line = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"{PROBE.name}: Conflict: status: only an available or claimed item can be cancelled; "
+        "this one is CANCELLED"
+    )
+
+
 def test_a_row_that_cannot_be_read_is_named_by_every_read_never_fatal(
     backend: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

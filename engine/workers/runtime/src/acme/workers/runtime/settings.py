@@ -156,7 +156,10 @@ class RuntimeSettings(BaseSettings):
     retention: Seconds = Field(
         default=7 * 24 * 3600.0,
         gt=0,
-        description="age in seconds past which relayed outbox rows and deleted items are purged",
+        description=(
+            "age in seconds past which relayed outbox rows and deleted or cancelled items "
+            "are purged"
+        ),
     )
     completed_retention: SecondsOrZero = Field(
         default=7 * 24 * 3600.0,
