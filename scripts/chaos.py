@@ -25,18 +25,24 @@ good); one `pg_terminate_backend` of every worker connection; one handler that b
 event loop for the lease + a sweep interval + 3 s; one Redis outage (`--redis-outage-s`, 10 s); one PostgreSQL
 restart (`pg_ctl stop -m immediate`, down `--pg-outage-s`, then started); one pause of the
 workers' lane for 6 s (`shipment-notifier lanes pause`, then `lanes resume`). A few items
-are poison (fail every attempt: dead-lettered by design). While an outage lasts one worker (the witness) is spared the kills, so its
+are poison (fail every attempt: dead-lettered by design). While items arrive, the client
+cancels one every 3 s as an operator does (`cancel_item`; a claimed one when a worker, live
+or killed, holds one). While an outage lasts one worker (the witness) is spared the kills, so its
 `/healthz` is seen across the whole outage; the process running the blocked handler is
 spared too. When every item is settled the workers are stopped (SIGTERM) and the
 invariants are checked:
 
-- every item has exactly one accepted completion (one change to COMPLETED), or is a poison
-  item dead-lettered (one change to FAILED) with its audit entry written; none lost;
+- completed once, dead-lettered once, or cancelled with no completion accepted after the
+  cancel committed: every item has exactly one accepted completion (one change to
+  COMPLETED), or is a poison item dead-lettered (one change to FAILED) with its audit entry
+  written, or was cancelled by the operator and nothing changed it after its change to
+  CANCELLED (no completion, no requeue by the sweep); none lost;
 - every accepted completion is the claim of an execution that ran to its end;
 - no two executions of one item overlap in time, except those in flight in the blocked
   loop's process when its loop blocked (the blocked item's, and any other it was running
   then: none can renew its lease; reported);
-- every record advanced exactly once per completed item (version 1), poison records never;
+- every record advanced exactly once per completed item (version 1), poison records never,
+  a cancelled item's at most once (what its handler did before the cancel stays done);
 - every item held by a killed worker was handed back (the sweep's requeue) within lease +
   sweep interval + 1 s of the kill (kills whose window meets the PostgreSQL outage are
   reported apart: the sweep cannot run while the database is down);
@@ -83,6 +89,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -105,6 +112,7 @@ WORKER = demo.Worker("shipment-notifier", "NOTIFY_SHIPMENT", 0, WORK / "unused.l
 PREFIX = "SHIPMENT_NOTIFIER_"
 HANDLER = Path("workers/shipment-notifier/src/acme/workers/shipment_notifier/handler.py")
 SLOTS = 4
+CANCEL_EVERY_S = 3.0  # seconds between two operator cancels while items arrive
 # Worker settings for the run: short enough that recovery happens many times a minute.
 LEASE_S = 5.0
 SWEEP_INTERVAL_S = 2.0
@@ -617,6 +625,7 @@ class ChaosRun:
         self.client_done = asyncio.Event()
         self.block_pid: int | None = None
         self.fleet: Fleet | None = None
+        self.cancels: list[dict[str, Any]] = []  # the client's cancels that landed
 
     # set-up
     def setup(self) -> tuple[Path, dict[str, str]]:
@@ -688,6 +697,10 @@ class ChaosRun:
             str(block),
             "--block-file",
             str(self.run_dir / "block.go"),
+            "--cancels",
+            str(max(1, min(items // 50, int(items / rate / CANCEL_EVERY_S)))),
+            "--cancel-every",
+            str(CANCEL_EVERY_S),
         ]
         with (self.run_dir / "client.log").open("ab") as log:
             proc = await asyncio.create_subprocess_exec(
@@ -696,6 +709,9 @@ class ChaosRun:
             assert proc.stdout is not None
             async for raw in proc.stdout:
                 line = json.loads(raw)
+                if "cancelled" in line:
+                    self.cancels.append({"item": uuid.UUID(line["cancelled"]), "was": line["was"]})
+                    continue
                 self.client_lines.append({**line, "t": time.time()})
             code = await proc.wait()
         if code != 0:
@@ -992,14 +1008,28 @@ class Checks:
         completions = changes_to("COMPLETED", transitions)
         died_under = changes_to("FAILED", transitions)
         doubled = [i for i, c in completions.items() if len(c) > 1]
+        cancelled_ids = {c["item"] for c in self.run_.cancels}
         lost = [
             row["id"]
             for row in items
             if not (
                 (row["id"] not in poison_ids and row["status"] == "COMPLETED")
                 or (row["id"] in poison_ids and row["status"] == "FAILED")
+                or (row["id"] in cancelled_ids and row["status"] == "CANCELLED")
             )
         ]
+        # Cancelled: nothing accepted after the change to CANCELLED (no completion, no
+        # requeue of a dead holder's item), and no completion before it either (a cancel
+        # of a completed item is refused).
+        after_cancel = [
+            i
+            for i in cancelled_ids
+            if i in completions or not _last_change_is(i, "CANCELLED", transitions)
+        ]
+        self.expect(
+            not after_cancel,
+            f"{len(after_cancel)} cancelled items changed after the cancel: {after_cancel[:5]}",
+        )
         self.expect(not doubled, f"{len(doubled)} items completed twice")
         self.expect(
             not lost,
@@ -1023,7 +1053,13 @@ class Checks:
         self.expect(not orphan, f"{len(orphan)} completions without a finished execution")
         # Records: advanced once per completed item, never for poison.
         bad_records = [
-            row["id"] for row in items if row["version"] != (0 if row["id"] in poison_ids else 1)
+            row["id"]
+            for row in items
+            if (row["id"] in cancelled_ids and row["version"] not in (0, 1))
+            or (
+                row["id"] not in cancelled_ids
+                and row["version"] != (0 if row["id"] in poison_ids else 1)
+            )
         ]
         self.expect(not bad_records, f"{len(bad_records)} records not advanced exactly once")
         kill_at = {pid: t for t, _, pid in self.fleet.kills}
@@ -1056,6 +1092,9 @@ class Checks:
             "enqueued": enqueued,
             "completed": sum(1 for row in items if row["status"] == "COMPLETED"),
             "dead_lettered_by_design": sum(1 for i in poison_ids if by_id[i]["status"] == "FAILED"),
+            "cancelled": len(cancelled_ids),
+            "cancelled_while_claimed": sum(1 for c in self.run_.cancels if c["was"] == "CLAIMED"),
+            "cancelled_changed_after": len(after_cancel),
             "lost": len(lost),
             "completed_twice": len(doubled),
             "records_not_advanced_once": len(bad_records),
@@ -1263,10 +1302,21 @@ class Checks:
         ):
             self.expect(expected in names, f"fault not injected: {expected}")
         self.expect(bool(self.fleet.kills), "no worker was killed")
+        self.expect(bool(self.run_.cancels), "no item was cancelled")
         return rows
 
 
 Row = Any  # an asyncpg.Record or a mapping with the same keys
+
+
+def _last_change_is(item_id: Any, status: str, transitions: list[Row]) -> bool:
+    """Whether the item's last recorded change (status or claim token) is the one to
+    `status`."""
+    last = None
+    for t in transitions:
+        if t["item_id"] == item_id:
+            last = t
+    return last is not None and last["new_status"] == status
 
 
 def changes_to(status: str, transitions: list[Row]) -> dict[Any, list[Any]]:
@@ -1358,6 +1408,10 @@ def print_report(report: dict[str, Any]) -> None:
         f"| {o['items']:,} | {o['completed']:,} | {o['dead_lettered_by_design']} | {o['lost']} "
         f"| {o['completed_twice']} | {o['records_not_advanced_once']} "
         f"| {o['overlapping_executions']} | {o['items_run_more_than_once']:,} |"
+    )
+    print(
+        f"\ncancelled by the operator: {o['cancelled']} ({o['cancelled_while_claimed']} while "
+        f"claimed); changed after the cancel: {o['cancelled_changed_after']}"
     )
     print()
     print("| fault | injected | measured | bound |")

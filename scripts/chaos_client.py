@@ -3,6 +3,7 @@ the run's items through the host's own managers, paced, through every fault.
 
     python chaos_client.py --url URL --redis URL --ledger URL --items N --rate R
         [--poison I,J,...] [--block I --block-file PATH] [--batch B]
+        [--cancels C --cancel-every S]
 
 Item `i` (0 <= i < N) carries `record_id` = uuid5(`CHAOS_NAMESPACE`, str(i)) and the
 idempotency key `chaos:<i>`; its record (`chaos_records`, version 0) is written first.
@@ -13,7 +14,14 @@ it goes in: the idempotency keys make a retry of a batch whose outcome was lost 
 of the schedule and enqueued alone as soon as `--block-file` exists (the harness creates it
 when its fault script gets there), or last.
 
-Prints one JSON line per second (`{"enqueued": n, "retries": r}`) and a last line
+Every `--cancel-every` seconds while it enqueues, at most `--cancels` times, it cancels one
+item as an operator does (`cancel_item`, audited, operator `chaos`): a claimed one first,
+the most recently claimed (a live worker's, or one a killed worker held), else a waiting
+one; never a poison item nor the blocked one. A cancel refused because the item finished
+first is not counted.
+
+Prints one JSON line per second (`{"enqueued": n, "retries": r}`), one per cancel
+(`{"cancelled": id, "was": "CLAIMED"}`) and a last line
 `{"done": N, "retries": r, "org_id": ..., "block_enqueued_at": <time.time() or null>}`.
 """
 
@@ -31,11 +39,13 @@ import asyncpg
 from acme.infra.container import Infra
 from acme.infra.settings import InfraSettings
 from acme.om.context import AppContext, AppType, RequestContext
+from acme.om.errors import Conflict
 from acme.om.root import build_managers
 from acme.om.storage.funnel import StorageFunnel
 from acme.om.storage.impl.sql import SqlStorageRoot
 from acme.om.types import EMPTY_UUID
 from acme.om.work.types.work_item import WorkItem, WorkKind
+from sqlalchemy.exc import SQLAlchemyError
 
 CHAOS_NAMESPACE = uuid.UUID("5f0c1c9e-3a52-4d7c-9d59-6b1f0c0a7e11")
 APP = AppContext(type=AppType.SERVICE, version="chaos@0")
@@ -113,9 +123,39 @@ async def main(args: argparse.Namespace) -> None:
             await enqueue(range(args.block, args.block + 1))
             block_enqueued_at = time.time()
 
+    spared = [*poison, args.block]
+    cancelled = 0
+    last_cancel = time.monotonic()
+
+    async def maybe_cancel() -> None:
+        nonlocal cancelled, last_cancel
+        if cancelled >= args.cancels or time.monotonic() - last_cancel < args.cancel_every:
+            return
+        last_cancel = time.monotonic()
+        try:
+            row = await ledger.fetchrow(
+                "SELECT w.id, w.status FROM work_items w "
+                "JOIN chaos_records r ON r.id::text = w.payload->>'record_id' "
+                "WHERE w.status IN ('AVAILABLE', 'CLAIMED') AND r.item_index <> ALL($1::int[]) "
+                "ORDER BY w.status = 'CLAIMED' DESC, w.claimed_at DESC NULLS LAST LIMIT 1",
+                spared,
+            )
+            if row is None:
+                return
+            await managers.work.cancel_item(ctx, row["id"], operator="chaos")
+        except Conflict:
+            return  # it finished first
+        except (OSError, asyncpg.PostgresError, SQLAlchemyError) as exc:
+            # An outage (a fault of the run): this cancel is skipped.
+            print(json.dumps({"cancel_failed": type(exc).__name__}), flush=True)
+            return
+        cancelled += 1
+        print(json.dumps({"cancelled": str(row["id"]), "was": row["status"]}), flush=True)
+
     try:
         while index < scheduled:
             await maybe_block()
+            await maybe_cancel()
             due = int((time.monotonic() - started) * args.rate) + 1
             if due <= index:
                 await asyncio.sleep(
@@ -161,4 +201,6 @@ if __name__ == "__main__":
     parser.add_argument("--poison", default="")
     parser.add_argument("--block", type=int, default=-1)
     parser.add_argument("--block-file", default="")
+    parser.add_argument("--cancels", type=int, default=0, help="items to cancel, at most")
+    parser.add_argument("--cancel-every", type=float, default=3.0, help="seconds between cancels")
     asyncio.run(main(parser.parse_args()))
