@@ -1121,6 +1121,7 @@ class Checks:
             "outcome": outcome,
             "recovery": recovery,
             "faults": faults,
+            "cancels": [{"item": str(c["item"]), "was": c["was"]} for c in self.run_.cancels],
             "settings": {
                 "lease_s": LEASE_S,
                 "sweep_interval_s": SWEEP_INTERVAL_S,

@@ -89,6 +89,19 @@ def test_an_earlier_file_is_rebuilt_to_this_release_keeping_its_rows(tmp_path: P
     assert _schema(tmp_path / "work.db") == schema
 
 
+def test_an_earlier_file_takes_a_cancel_once_rebuilt(tmp_path: Path) -> None:
+    """Its status check had no `CANCELLED`: the rebuilt table's admits it (issue 33)."""
+    url = _earlier_file(tmp_path / "work.db")
+    upgrade_sqlite_file(url)
+    connection = sqlite3.connect(tmp_path / "work.db")
+    try:
+        with connection:
+            connection.execute("UPDATE work_items SET status = 'CANCELLED'")
+        assert connection.execute("SELECT status FROM work_items").fetchall() == [("CANCELLED",)]
+    finally:
+        connection.close()
+
+
 def test_rows_that_do_not_fit_refuse_the_file_in_one_line_and_leave_it_whole(
     tmp_path: Path,
 ) -> None:
