@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from acme.om.context import OpContext
+from acme.om.errors import Invalid
 from acme.om.work.types.handler import PermanentFailure, Snooze, WorkHandlerInterface
 from acme.om.work.types.work_item import WorkItem, WorkStatus
 from acme.workers.runtime.container import RuntimeContainer
@@ -186,7 +187,9 @@ async def test_a_snooze_hands_the_item_back_for_later_without_spending_an_attemp
     assert sample(loop.metrics, "worker_items_failed_total", kind=KIND) == 0
 
 
-def test_a_snooze_refuses_a_negative_or_endless_delay_naming_it() -> None:
+def test_a_snooze_refuses_a_negative_endless_or_overflowing_delay_naming_it() -> None:
     for delay in (-1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match=r"^delay_s: "):
             Snooze(delay)
+    with pytest.raises(Invalid, match=r"past the year 9999"):
+        Snooze(1e12)

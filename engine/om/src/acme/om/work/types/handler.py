@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from datetime import UTC, datetime
 
 from acme.om.context import OpContext
-from acme.om.work.types.work_item import WorkItem
+from acme.om.work.types.work_item import WorkItem, checked_delay
 
 
 class WorkHandlerInterface(ABC):
@@ -41,10 +42,11 @@ class Snooze(Exception):
     """The handler's verdict that its item should run again in `delay_s` seconds, without
     spending an attempt (River's `JobSnooze`, Oban's `{:snooze, seconds}`): the loop hands
     it back due then, its attempt given back, `note` `snoozed`. Raises `ValueError` for a
-    `delay_s` that is negative or not finite."""
+    `delay_s` that is negative or not finite, `Invalid` for one past the year 9999."""
 
     def __init__(self, delay_s: float) -> None:
         if not math.isfinite(delay_s) or delay_s < 0:
             raise ValueError(f"delay_s: a finite number of seconds, at least 0, got {delay_s}")
+        checked_delay(delay_s, datetime.now(UTC))
         super().__init__(f"snoozed for {delay_s} s")
         self.delay_s = float(delay_s)
