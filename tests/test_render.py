@@ -106,6 +106,7 @@ MIGRATION_PATTERNS = [
         "work_items_cancelled",
         "work_items_cancelled_checked",
         "work_items_cancelled_purge",
+        "work_items_dead_letters",
     )
     for path in (
         rf"sql/queue/\d{{14}}_{name}\.up\.sql",

@@ -12,7 +12,7 @@ from work_fixtures import KIND, make_item, outcome, stored_row, token_of
 
 from acme.om.errors import NotFound
 from acme.om.work.storage import Created, NewItems, OwedAudit, WorkStorageInterface
-from acme.om.work.types.work_item import UnreadableItem, WorkStatus
+from acme.om.work.types.work_item import UnreadableItem, WorkItem, WorkStatus
 from contracts.work_storage_base import LEASE_S, PAST_SHORT_S, SHORT_LEASE_S, StorageCases
 
 
@@ -180,6 +180,53 @@ class RowCases(StorageCases):
         assert await storage.read_item(uuid4(), item.id) is None
         assert await storage.read_items(uuid4(), [item.id]) == []
         assert await storage.list_items(uuid4()) == []
+
+    async def test_list_items_pages_by_keyset_and_filters_by_lane(
+        self, storage: WorkStorageInterface, lane: str, org: UUID
+    ) -> None:
+        """Five items on `lane` (two sharing a `created_at`), one on another lane: pages of
+        two, each after the last row of the previous one, meet every item once, in order."""
+        base = datetime.now(UTC)
+        stamps = [base, base - timedelta(seconds=1), base - timedelta(seconds=1)]
+        stamps += [base - timedelta(seconds=2), base - timedelta(seconds=3)]
+        for at in stamps:
+            item = make_item(org, lane).model_copy(update={"created_at": at, "updated_at": at})
+            await self.enqueue(storage, item)
+        await self.enqueue(storage, make_item(org, f"{lane}_other"))
+        pages: list[list[UUID]] = []
+        after: tuple[datetime, UUID] | None = None
+        while True:
+            page = await storage.list_items(org, lane=lane, after=after, limit=2)
+            if not page:
+                break
+            pages.append([item.id for item in page])
+            after = (page[-1].created_at, page[-1].id)
+
+        everything = await storage.list_items(org, lane=lane, limit=10)
+        assert [i for page in pages for i in page] == [item.id for item in everything]
+        assert [len(page) for page in pages] == [2, 2, 1]
+
+    async def test_recent_outcomes_count_the_window_alone_in_slices(
+        self, storage: WorkStorageInterface, lane: str, org: UUID
+    ) -> None:
+        """Completions 100 s, 100 s and 1,000 s ago and one 4,000 s ago (out of the hour);
+        a dead letter 100 s ago, a discarded one beside it: slices of 600 s, newest last."""
+        now = datetime.now(UTC)
+
+        def done(ago_s: float) -> WorkItem:
+            at = now - timedelta(seconds=ago_s)
+            return make_item(org, lane, status=WorkStatus.COMPLETED, completed_at=at)
+
+        failed = make_item(org, lane, status=WorkStatus.FAILED)
+        failed = failed.model_copy(update={"updated_at": now - timedelta(seconds=100)})
+        gone = failed.model_copy(update={"id": uuid4(), "deleted_at": now})
+        for item in (done(100), done(100), done(1000), done(4000), failed, gone):
+            await self.enqueue(storage, item)
+
+        slices = await storage.recent_outcomes(org, window_s=3600, buckets=6)
+
+        assert slices == [(0, 0), (0, 0), (0, 0), (0, 0), (1, 0), (2, 1)]
+        assert await storage.recent_outcomes(uuid4(), window_s=3600, buckets=6) == [(0, 0)] * 6
 
     async def test_requeue_stale_of_one_tenant_leaves_another_tenants_item_claimed(
         self, storage: WorkStorageInterface, lane: str, org: UUID

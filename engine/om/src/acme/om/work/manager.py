@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -264,9 +265,12 @@ class WorkManagerInterface(ABC):
         *,
         status: WorkStatus | None = None,
         kind: WorkKind | None = None,
+        lane: str | None = None,
+        after: tuple[datetime, UUID] | None = None,
         limit: int = 50,
     ) -> WorkRows:
-        """The tenant's live items, newest first, at most `limit` (operator view).
+        """The tenant's live items, newest first, at most `limit` (operator view); `after`
+        is the `(created_at, id)` of the previous page's last row (keyset pagination).
 
         A row the worker cannot read is not among them: it is in `unreadable` of the
         result (`UnreadableRow`: its id, the column refused and why).
@@ -375,6 +379,19 @@ class WorkManagerInterface(ABC):
         """Delete the tenant's items cancelled more than `older_than` seconds ago (the
         database clock), at most `limit`, oldest first; how many. Raises `Invalid` for a
         negative `older_than` or a `limit` below 1."""
+
+    @abstractmethod
+    async def lane_stats(self, ctx: OpContext) -> list[LaneStats]:
+        """`queue_stats`' counts for `ctx`'s tenant alone, without touching the gauges; under
+        the system scope (`EMPTY_UUID`, a platform operator's context) for every tenant."""
+
+    @abstractmethod
+    async def recent_outcomes(
+        self, ctx: OpContext, *, window_s: float = 3600.0, buckets: int = 12
+    ) -> list[tuple[int, int]]:
+        """`ctx`'s tenant's `(completed, dead_lettered)` per slice of the last `window_s`
+        seconds, oldest first (`WorkStorageInterface.recent_outcomes`). Raises `Invalid`
+        for a window outside (0, 86400] or `buckets` outside 1-120."""
 
     @abstractmethod
     async def queue_stats(self, rctx: RequestContext) -> list[LaneStats]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping
+from datetime import datetime
 from typing import Any, NoReturn
 from uuid import UUID, uuid5
 
@@ -105,11 +106,15 @@ class OperatorCommands(WorkManagerInterface):
         *,
         status: WorkStatus | None = None,
         kind: WorkKind | None = None,
+        lane: str | None = None,
+        after: tuple[datetime, UUID] | None = None,
         limit: int = 50,
     ) -> WorkRows:
         if limit < 1:
             raise Invalid(f"limit: must be at least 1, got {limit}")
-        return await self._storage.list_items(ctx.org_id, status=status, kind=kind, limit=limit)
+        return await self._storage.list_items(
+            ctx.org_id, status=status, kind=kind, lane=lane, after=after, limit=limit
+        )
 
     async def get(self, ctx: OpContext, item_id: UUID) -> WorkItem:
         item = await self._storage.read_item(ctx.org_id, item_id)
@@ -295,6 +300,18 @@ class OperatorCommands(WorkManagerInterface):
         if limit < 1:
             raise Invalid(f"limit: must be at least 1, got {limit}")
         return await self._storage.purge_cancelled(ctx.org_id, older_than, limit)
+
+    async def lane_stats(self, ctx: OpContext) -> list[LaneStats]:
+        return await self._storage.queue_stats(ctx.org_id)
+
+    async def recent_outcomes(
+        self, ctx: OpContext, *, window_s: float = 3600.0, buckets: int = 12
+    ) -> list[tuple[int, int]]:
+        if not 0 < window_s <= 86_400:
+            raise Invalid(f"window_s: must be in (0, 86400] seconds, got {window_s}")
+        if not 1 <= buckets <= 120:
+            raise Invalid(f"buckets: must be 1-120, got {buckets}")
+        return await self._storage.recent_outcomes(ctx.org_id, window_s=window_s, buckets=buckets)
 
     async def queue_stats(self, rctx: RequestContext) -> list[LaneStats]:
         stats = await self._storage.queue_stats(EMPTY_UUID)

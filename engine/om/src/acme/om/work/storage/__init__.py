@@ -318,12 +318,16 @@ class WorkStorageInterface(ABC):
         *,
         status: WorkStatus | None = None,
         kind: WorkKind | None = None,
+        lane: str | None = None,
+        after: tuple[datetime, UUID] | None = None,
         limit: int = 50,
     ) -> WorkRows:
-        """The tenant's items that are not soft-deleted, newest first, at most `limit`.
+        """The tenant's items that are not soft-deleted, newest first (`created_at`
+        descending, then `id` ascending), at most `limit`.
 
-        `limit` counts rows, readable or not; the ones that do not validate are in
-        `unreadable`, in the same order.
+        `after` is a keyset cursor, the `(created_at, id)` of the last row of the previous
+        page: only rows past it in that order are read. `limit` counts rows, readable or
+        not; the ones that do not validate are in `unreadable`, in the same order.
         """
 
     @abstractmethod
@@ -416,6 +420,19 @@ class WorkStorageInterface(ABC):
         carries `oldest_available_age`: seconds since its oldest row's `available_at`, on
         the storage's clock, never negative. Every group carries `audit_owed`: its rows
         whose dead-letter audit entry is still owed.
+        """
+
+    @abstractmethod
+    async def recent_outcomes(
+        self, org_id: UUID, *, window_s: float, buckets: int
+    ) -> list[tuple[int, int]]:
+        """The tenant's completions and dead letters of the last `window_s` seconds (on the
+        storage's clock), counted in `buckets` equal slices, oldest slice first:
+        `(completed, dead_lettered)` each.
+
+        A completion counts by `completed_at`; a dead letter is a live `FAILED` row, by its
+        `updated_at`. Only that window of the completed history is read (on PostgreSQL,
+        `ix_work_items_completed` and `ix_work_items_dead_letters`).
         """
 
     @abstractmethod

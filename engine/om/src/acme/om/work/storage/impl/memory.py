@@ -322,6 +322,8 @@ class MemoryWorkStorage(WorkStorageInterface):
         *,
         status: WorkStatus | None = None,
         kind: WorkKind | None = None,
+        lane: str | None = None,
+        after: tuple[datetime, UUID] | None = None,
         limit: int = 50,
     ) -> WorkRows:
         """See `WorkStorageInterface.list_items`."""
@@ -333,6 +335,8 @@ class MemoryWorkStorage(WorkStorageInterface):
                 and r.deleted_at is None
                 and (status is None or r.status is status)
                 and (kind is None or r.kind is kind)
+                and (lane is None or r.lane == lane)
+                and (after is None or _past(r, after))
             ]
             rows.sort(key=lambda r: r.id)
             rows.sort(key=lambda r: r.created_at, reverse=True)
@@ -542,6 +546,28 @@ class MemoryWorkStorage(WorkStorageInterface):
         """See `WorkStorageInterface.oldest_snapshot`: None, nothing to vacuum."""
         return None
 
+    async def recent_outcomes(
+        self, org_id: UUID, *, window_s: float, buckets: int
+    ) -> list[tuple[int, int]]:
+        """See `WorkStorageInterface.recent_outcomes`."""
+        size = window_s / buckets
+        counts = [[0, 0] for _ in range(buckets)]
+        async with self._lock:
+            now = self._clock()
+            for r in self._rows.values():
+                if r.org_id != org_id:
+                    continue
+                if r.status is WorkStatus.COMPLETED and r.completed_at is not None:
+                    at, series = r.completed_at, 0
+                elif r.status is WorkStatus.FAILED and r.deleted_at is None:
+                    at, series = r.updated_at, 1
+                else:
+                    continue
+                age = (now - at).total_seconds()
+                if 0 <= age < window_s:
+                    counts[buckets - 1 - int(age // size)][series] += 1
+        return [(done, dead) for done, dead in counts]
+
     async def queue_stats(self, org_id: UUID) -> list[LaneStats]:
         """See `WorkStorageInterface.queue_stats`."""
         async with self._lock:
@@ -610,3 +636,9 @@ class MemoryWorkStorage(WorkStorageInterface):
                 return False
             del self._owed[item_id]
             return True
+
+
+def _past(row: WorkItem, after: tuple[datetime, UUID]) -> bool:
+    """Whether `row` comes after the cursor `after` in `list_items`' order."""
+    created_at, item_id = after
+    return row.created_at < created_at or (row.created_at == created_at and row.id > item_id)

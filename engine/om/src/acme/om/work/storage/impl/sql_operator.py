@@ -15,6 +15,7 @@ from uuid import UUID
 
 from sqlalchemy import (
     ColumnElement,
+    and_,
     case,
     delete,
     func,
@@ -198,6 +199,8 @@ class SqlOperatorStatements(WorkStorageInterface):
         *,
         status: WorkStatus | None = None,
         kind: WorkKind | None = None,
+        lane: str | None = None,
+        after: tuple[datetime, UUID] | None = None,
         limit: int = 50,
     ) -> WorkRows:
         """See `WorkStorageInterface.list_items`."""
@@ -206,6 +209,16 @@ class SqlOperatorStatements(WorkStorageInterface):
             query = query.where(t.c.status == status.value)
         if kind is not None:
             query = query.where(t.c.kind == kind.value)
+        if lane is not None:
+            query = query.where(t.c.lane == lane)
+        if after is not None:
+            created_at, item_id = after
+            query = query.where(
+                or_(
+                    t.c.created_at < created_at,
+                    and_(t.c.created_at == created_at, t.c.id > item_id),
+                )
+            )
         query = query.order_by(t.c.created_at.desc(), t.c.id).limit(limit)
         async with self._session(DatabaseRole.QUEUE, org_id) as conn:
             rows = (await conn.execute(query)).all()
@@ -418,6 +431,38 @@ class SqlOperatorStatements(WorkStorageInterface):
         stmt = delete(t).where(t.c.id.in_(picked), done).returning(t.c.id)
         async with self._session(DatabaseRole.QUEUE, org_id) as conn:
             return len((await conn.execute(stmt)).all())
+
+    async def recent_outcomes(
+        self, org_id: UUID, *, window_s: float, buckets: int
+    ) -> list[tuple[int, int]]:
+        """See `WorkStorageInterface.recent_outcomes`: one row of `FILTER`ed counts per
+        series, each read through its partial index over the window alone."""
+        size = window_s / buckets
+
+        def slices(at: ColumnElement[datetime]) -> list[ColumnElement[int]]:
+            age = self._seconds_since(at)
+            return [
+                func.count().filter(
+                    and_(age >= (buckets - 1 - i) * size, age < (buckets - i) * size)
+                )
+                for i in range(buckets)
+            ]
+
+        completed = select(*slices(t.c.completed_at)).where(
+            t.c.org_id == org_id,
+            t.c.status == WorkStatus.COMPLETED.value,
+            t.c.completed_at >= self._after(-window_s),
+        )
+        dead = select(*slices(t.c.updated_at)).where(
+            t.c.org_id == org_id,
+            t.c.status == WorkStatus.FAILED.value,
+            t.c.deleted_at.is_(None),
+            t.c.updated_at >= self._after(-window_s),
+        )
+        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            done = (await conn.execute(completed)).one()
+            failed = (await conn.execute(dead)).one()
+        return [(int(done[i]), int(failed[i])) for i in range(buckets)]
 
     async def queue_stats(self, org_id: UUID) -> list[LaneStats]:
         """See `WorkStorageInterface.queue_stats`: the rows in play only, each part matching

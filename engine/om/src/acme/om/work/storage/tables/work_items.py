@@ -186,6 +186,16 @@ work_items = Table(
         postgresql_where=text("audit_owed_token IS NOT NULL"),
         sqlite_where=text("audit_owed_token IS NOT NULL"),
     ),
+    # The work API's dead letters, newest first (docs/decisions/0046): the live ones only,
+    # so a page of the list reads its own rows and never the completed history.
+    Index(
+        "ix_work_items_dead_letters",
+        "org_id",
+        text("created_at DESC"),
+        "id",
+        postgresql_where=text("status = 'FAILED' AND deleted_at IS NULL"),
+        sqlite_where=text("status = 'FAILED' AND deleted_at IS NULL"),
+    ),
     # The sweep's purge of discarded items: a tenant's discarded rows (an operator's few),
     # so the purge never reads the completed history.
     Index(
