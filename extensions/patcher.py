@@ -184,11 +184,18 @@ class Fragment:
     path: Callable[[Spec], str]
     edit: Callable[[str, Spec, int], str]
     create: Callable[[Spec], str] | None = None
+    # An optional fragment: why the host does without it (None: it applies), said once.
+    skip: Callable[[Path, Spec], str | None] | None = None
 
     def target(self, host: Path, spec: Spec) -> Path:
         return host / self.path(spec)
 
+    def skipped(self, host: Path, spec: Spec) -> str | None:
+        return None if self.skip is None else self.skip(host, spec)
+
     def check(self, host: Path, spec: Spec, limit: int) -> None:
+        if self.skipped(host, spec) is not None:
+            return
         path = self.target(host, spec)
         if not path.is_file():
             if self.create is not None:
@@ -197,6 +204,10 @@ class Fragment:
         self.edit(path.read_text(encoding="utf-8"), spec, limit)
 
     def apply(self, host: Path, spec: Spec, limit: int) -> bool:
+        reason = self.skipped(host, spec)
+        if reason is not None:
+            print(f"    note     {reason}", file=sys.stderr)
+            return False
         path = self.target(host, spec)
         if path.is_file():
             before = path.read_text(encoding="utf-8")
@@ -849,6 +860,62 @@ def edit_request_stage(text: str, spec: Spec, limit: int) -> str:
     return module.code
 
 
+def api_main(spec: Spec) -> str:
+    """The host API's app module, where `create_app` mounts the work router."""
+    return f"services/api/src/{spec.host_root}/services/api/main.py"
+
+
+def _api_mount_problem(text: str, where: str) -> tuple[cst.Module, cst.FunctionDef, int] | str:
+    """`create_app`, and the index in its body of the first `<app>.include_router(...)`
+    line, or why the work router cannot be mounted after it."""
+    try:
+        module = _parse(text, where)
+    except Missing as exc:
+        return str(exc)
+    fn = pyedit.find_function(module.body, "create_app")
+    if fn is None or not isinstance(fn.body, cst.IndentedBlock):
+        return f"{where}: no top-level `def create_app(...)`"
+    for at, statement in enumerate(fn.body.body):
+        if ".include_router(" in module.code_for_node(statement):
+            return module, fn, at
+    return f"{where}: `create_app` has no `<app>.include_router(...)` line"
+
+
+def skip_api_mount(host: Path, spec: Spec) -> str | None:
+    """Why the host's API does without the work router (None: it gets it): the router
+    needs `services/api`'s `create_app` and the membership lookup `member_role` of the
+    tenancy manager (docs/host-contract.md, "The work API")."""
+    fix = "the work API is not mounted (docs/host-contract.md, The work API)"
+    main = host / api_main(spec)
+    if not main.is_file():
+        return f"{api_main(spec)} does not exist: {fix}"
+    tenancy = host / spec.om / "tenancy" / "manager.py"
+    text = tenancy.read_text(encoding="utf-8") if tenancy.is_file() else ""
+    for method in ("member_role", "grant_membership"):
+        if f"def {method}(" not in text:
+            return f"{spec.om}/tenancy/manager.py has no `{method}` (memberships): {fix}"
+    found = _api_mount_problem(main.read_text(encoding="utf-8"), api_main(spec))
+    return f"{found}: {fix}" if isinstance(found, str) else None
+
+
+def edit_api_mount(text: str, spec: Spec, limit: int) -> str:
+    """`services/api/.../main.py`: `mount_work(<app>)` after `create_app`'s first
+    `<app>.include_router(...)` line, and its import."""
+    where = api_main(spec)
+    found = _api_mount_problem(text, where)
+    if isinstance(found, str):
+        raise Missing(found)
+    module, fn, at = found
+    body = fn.body
+    if "mount_work(" not in module.code_for_node(fn) and isinstance(body, cst.IndentedBlock):
+        receiver = module.code_for_node(body.body[at]).strip().split(".include_router(")[0]
+        lines = list(body.body)
+        lines.insert(at + 1, pyedit.stmt(f"mount_work({receiver})"))
+        module = pyedit.replace(module, fn, fn.with_changes(body=body.with_changes(body=lines)))
+    module = _import(module, f"{spec.host_root}.services.api.work", "mount_work", limit, where)
+    return module.code
+
+
 # --- text fragments between markers ------------------------------------------------------
 
 
@@ -975,6 +1042,7 @@ def fragments(spec: Spec) -> list[Fragment]:
             Fragment(
                 "om readme", lambda s: "om/README.md", edit_om_readme, create=create_om_readme
             ),
+            Fragment("work api mount", api_main, edit_api_mount, skip=skip_api_mount),
         ]
     else:
         plan.append(Fragment("work readme", lambda s: f"{om}/work/README.md", edit_work_readme))

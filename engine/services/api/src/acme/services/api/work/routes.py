@@ -1,0 +1,312 @@
+"""The work routes: one manager call each, behind `access`'s roles (docs/decisions/0044).
+
+`/v1/orgs/{org_id}/work/...`: a tenant's items, dead letters and counts for its members;
+every write for its admins, audited with the member as actor. `/v1/work/...`: the
+all-tenant summary for platform operators (the system scope), and the dashboard page.
+Enqueue routes are one per kind, each typed by the kind's payload model (`WORK_PAYLOADS`),
+so a payload is refused with 422 naming its field and the OpenAPI shows every body.
+"""
+
+# No `from __future__ import annotations` here: each kind's route is typed by its payload
+# model at import time (`_enqueue_routes`), and FastAPI reads the annotations as objects.
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from importlib import resources
+from typing import Annotated
+from uuid import UUID, uuid4
+
+from fastapi import APIRouter, Header, Query, Response, status
+from pydantic import BaseModel
+
+from acme.om.errors import Conflict, Invalid
+from acme.om.work.types.work_item import (
+    WorkItem,
+    WorkKind,
+    WorkStatus,
+)
+from acme.services.api.work.access import (
+    AdminDep,
+    ManagersDep,
+    Member,
+    OperatorDep,
+    ReaderDep,
+)
+from acme.services.api.work.views import (
+    Activity,
+    DeadLetterFilter,
+    Enqueued,
+    FilterOutcome,
+    ItemPage,
+    ItemView,
+    OutcomeSlice,
+    Summary,
+    decode_cursor,
+    encode_cursor,
+)
+
+TENANT = "/v1/orgs/{org_id}/work"
+MAX_BULK = 1000
+MAX_FILTERED = 10_000
+"""A bulk replay or discard by filter acts on at most this many dead letters per call."""
+PAGE_FILES = {"": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript")}
+PAGE_FILES["/app.css"] = ("app.css", "text/css")
+
+router = APIRouter(tags=["work"])
+"""Every work route but the enqueue routes (`enqueue_router`)."""
+
+Limit = Annotated[int, Query(ge=1, le=200)]
+Delay = Annotated[float, Query(ge=0, le=31_536_000, description="seconds before it is due")]
+
+
+def _kind(value: str | None) -> WorkKind | None:
+    if value is None:
+        return None
+    try:
+        return WorkKind(value)
+    except ValueError:
+        raise Invalid(f"kind: no work kind {value!r}") from None
+
+
+def _page(rows: Sequence[WorkItem], unreadable: int, limit: int, member: Member) -> ItemPage:
+    views = [ItemView.of(item, frames=member.is_admin) for item in rows]
+    full = len(rows) + unreadable >= limit
+    return ItemPage(
+        items=views,
+        next_cursor=encode_cursor(rows[-1]) if full and rows else None,
+        unreadable=unreadable,
+    )
+
+
+@router.get(f"{TENANT}/items", response_model=ItemPage)
+async def list_items(
+    member: ReaderDep,
+    found: ManagersDep,
+    status_: Annotated[WorkStatus | None, Query(alias="status")] = None,
+    kind: str | None = None,
+    lane: str | None = None,
+    cursor: str | None = None,
+    limit: Limit = 50,
+) -> ItemPage:
+    """The tenant's items, newest first, by status, kind and lane; `cursor` pages on."""
+    rows = await found.work.list_items(
+        member.ctx,
+        status=status_,
+        kind=_kind(kind),
+        lane=lane,
+        after=None if cursor is None else decode_cursor(cursor),
+        limit=limit,
+    )
+    return _page(rows, len(rows.unreadable), limit, member)
+
+
+@router.get(f"{TENANT}/items/{{item_id}}", response_model=ItemView)
+async def get_item(item_id: UUID, member: ReaderDep, found: ManagersDep) -> ItemView:
+    """One item of the tenant (404 for another tenant's)."""
+    item = await found.work.get(member.ctx, item_id)
+    return ItemView.of(item, frames=member.is_admin)
+
+
+@router.get(f"{TENANT}/dead-letters", response_model=ItemPage)
+async def list_dead_letters(
+    member: ReaderDep,
+    found: ManagersDep,
+    kind: str | None = None,
+    lane: str | None = None,
+    cursor: str | None = None,
+    limit: Limit = 50,
+) -> ItemPage:
+    """The tenant's dead letters (`FAILED`, not discarded), newest first."""
+    rows = await found.work.list_items(
+        member.ctx,
+        status=WorkStatus.FAILED,
+        kind=_kind(kind),
+        lane=lane,
+        after=None if cursor is None else decode_cursor(cursor),
+        limit=limit,
+    )
+    return _page(rows, len(rows.unreadable), limit, member)
+
+
+@router.post(f"{TENANT}/dead-letters/{{item_id}}/replay", response_model=ItemView)
+async def replay(item_id: UUID, member: AdminDep, found: ManagersDep) -> ItemView:
+    """Make a dead letter available again, attempts reset; audited (`work.replayed`)."""
+    item = await found.work.replay(member.ctx, item_id)
+    return ItemView.of(item, frames=True)
+
+
+@router.post(f"{TENANT}/dead-letters/{{item_id}}/discard", response_model=ItemView)
+async def discard(item_id: UUID, member: AdminDep, found: ManagersDep) -> ItemView:
+    """Discard a dead letter (soft delete); audited (`work.discarded`)."""
+    item = await found.work.discard(member.ctx, item_id)
+    return ItemView.of(item, frames=True)
+
+
+async def _by_filter(
+    member: Member,
+    found: ManagersDep,
+    body: DeadLetterFilter,
+    act: Callable[[UUID], Awaitable[object]],
+) -> FilterOutcome:
+    """Walk the matching dead letters page by page (at most `MAX_FILTERED`), acting on each
+    unless `dry_run`; one that changed meanwhile (`Conflict`) is not counted as acted."""
+    kind, matched, acted = _kind(body.kind), 0, 0
+    after = None
+    while matched < MAX_FILTERED:
+        rows = await found.work.list_items(
+            member.ctx, status=WorkStatus.FAILED, kind=kind, lane=body.lane, after=after
+        )
+        if not rows:
+            break
+        for item in rows[: MAX_FILTERED - matched]:
+            matched += 1
+            if body.dry_run:
+                continue
+            try:
+                await act(item.id)
+            except Conflict:
+                continue
+            acted += 1
+        after = (rows[-1].created_at, rows[-1].id)
+    return FilterOutcome(matched=matched, acted=acted, dry_run=body.dry_run)
+
+
+@router.post(f"{TENANT}/dead-letters/replay", response_model=FilterOutcome)
+async def replay_matching(
+    body: DeadLetterFilter, member: AdminDep, found: ManagersDep
+) -> FilterOutcome:
+    """Replay every dead letter of `kind` and `lane` (or count them: `dry_run`)."""
+    return await _by_filter(member, found, body, lambda i: found.work.replay(member.ctx, i))
+
+
+@router.post(f"{TENANT}/dead-letters/discard", response_model=FilterOutcome)
+async def discard_matching(
+    body: DeadLetterFilter, member: AdminDep, found: ManagersDep
+) -> FilterOutcome:
+    """Discard every dead letter of `kind` and `lane` (or count them: `dry_run`)."""
+    return await _by_filter(member, found, body, lambda i: found.work.discard(member.ctx, i))
+
+
+@router.get(f"{TENANT}/summary", response_model=Summary)
+async def tenant_summary(member: ReaderDep, found: ManagersDep) -> Summary:
+    """The tenant's counts per lane, kind and status, with the oldest due item's age."""
+    return Summary(lanes=await found.work.lane_stats(member.ctx))
+
+
+@router.get(f"{TENANT}/activity", response_model=Activity)
+async def activity(member: ReaderDep, found: ManagersDep) -> Activity:
+    """The tenant's completions and dead letters over the last hour, in five-minute slices."""
+    window_s, buckets = 3600.0, 12
+    counts = await found.work.recent_outcomes(member.ctx, window_s=window_s, buckets=buckets)
+    size = window_s / buckets
+    return Activity(
+        window_s=window_s,
+        buckets=[
+            OutcomeSlice(ago_s=window_s - i * size, completed=done, dead_lettered=dead)
+            for i, (done, dead) in enumerate(counts)
+        ],
+    )
+
+
+@router.get("/v1/work/summary", response_model=Summary)
+async def all_tenants_summary(ctx: OperatorDep, found: ManagersDep) -> Summary:
+    """Every tenant's counts together: platform operators only, audited."""
+    return Summary(lanes=await found.work.lane_stats(ctx))
+
+
+def _add_enqueue_routes(into: APIRouter, kind: WorkKind, model: type[BaseModel]) -> None:
+    """`POST .../kinds/<KIND>/items` and `.../items/bulk` into `into`, their bodies typed by
+    `model`."""
+
+    async def enqueue_one(
+        body: BaseModel,
+        member: AdminDep,
+        found: ManagersDep,
+        response: Response,
+        idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+        lane: str | None = None,
+        delay_s: Delay = 0.0,
+    ) -> ItemView:
+        item = WorkItem.new(
+            org_id=member.ctx.org_id,
+            kind=kind,
+            payload=body,
+            lane=lane,
+            delay=delay_s,
+            idempotency_key=idempotency_key,
+        )
+        stored = await found.work.enqueue(member.ctx, item)
+        if stored.id != item.id:
+            response.status_code = status.HTTP_200_OK  # the key's earlier item, untouched
+        await found.audit.append(
+            member.ctx,
+            action="work.enqueued",
+            subject_type="work_item",
+            subject_id=stored.id,
+            detail={"kind": kind.value, "lane": stored.lane, "via": "api"},
+        )
+        return ItemView.of(stored, frames=True)
+
+    async def enqueue_many(
+        body: list[BaseModel],
+        member: AdminDep,
+        found: ManagersDep,
+        lane: str | None = None,
+        delay_s: Delay = 0.0,
+    ) -> Enqueued:
+        if not 1 <= len(body) <= MAX_BULK:
+            raise Invalid(f"payloads: send 1 to {MAX_BULK} payloads, got {len(body)}")
+        ids = await found.work.enqueue_bulk(member.ctx, kind, body, delay=delay_s, lane=lane)
+        await found.audit.append(
+            member.ctx,
+            action="work.enqueued_bulk",
+            subject_type="work_batch",
+            subject_id=uuid4(),
+            detail={"kind": kind.value, "lane": lane, "ids": [str(i) for i in ids]},
+        )
+        return Enqueued(ids=ids)
+
+    enqueue_one.__annotations__["body"] = model
+    enqueue_many.__annotations__["body"] = list.__class_getitem__(model)
+    path = f"{TENANT}/kinds/{kind.value}/items"
+    into.add_api_route(
+        path,
+        enqueue_one,
+        methods=["POST"],
+        status_code=status.HTTP_201_CREATED,
+        response_model=ItemView,
+        summary=f"Enqueue one {kind.value} item",
+        operation_id=f"enqueue_{kind.value.lower()}",
+        description="An `Idempotency-Key` header makes a retry return the first item (200).",
+    )
+    into.add_api_route(
+        f"{path}/bulk",
+        enqueue_many,
+        methods=["POST"],
+        status_code=status.HTTP_201_CREATED,
+        response_model=Enqueued,
+        summary=f"Enqueue many {kind.value} items in one insert",
+        operation_id=f"enqueue_{kind.value.lower()}_bulk",
+    )
+
+
+def enqueue_router(payloads: Mapping[WorkKind, type[BaseModel]]) -> APIRouter:
+    """The enqueue routes of every kind in `payloads` (`WORK_PAYLOADS` when mounted; a test
+    passes a probe model of its own)."""
+    into = APIRouter(tags=["work"])
+    for kind, model in payloads.items():
+        _add_enqueue_routes(into, kind, model)
+    return into
+
+
+def _page_route(suffix: str, name: str, media_type: str) -> None:
+    body = resources.files("acme.services.api.work").joinpath("dashboard", name).read_bytes()
+
+    async def page() -> Response:
+        return Response(body, media_type=media_type)
+
+    router.add_api_route(
+        f"/v1/work/dashboard{suffix}", page, methods=["GET"], include_in_schema=False
+    )
+
+
+for _suffix, (_name, _media) in PAGE_FILES.items():
+    _page_route(_suffix, _name, _media)

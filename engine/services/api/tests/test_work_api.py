@@ -1,0 +1,333 @@
+"""The work routes in the host's API, over the memory container: who may do what, what is
+audited, what a page of another origin or a payload's text can do (docs/security.md)."""
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+from uuid import UUID, uuid4
+
+import httpx
+import pytest
+from work_fixtures import KIND, LANE, ProbePayload, make_item, use_probe_payload
+
+from acme.infra.container import Infra
+from acme.om.context import AppContext, AppType, OpContext, RequestContext, Role
+from acme.om.root import Managers
+from acme.om.storage.impl.memory import MemoryStorageRoot
+from acme.om.types import EMPTY_UUID
+from acme.om.work.types.work_item import WorkStatus
+from acme.services.api.container import ServiceContainer
+from acme.services.api.main import create_app
+from acme.services.api.work.routes import enqueue_router
+
+RCTX = RequestContext.new(AppContext(type=AppType.SERVICE, version="work-api-tests@0"))
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/srv/handler.py", line 3, in handle\n'
+    "    raise TimeoutError(secret_path)\n"
+    "TimeoutError: the carrier did not answer"
+)
+
+
+@dataclass
+class World:
+    """Two tenants, A and B, an admin and a member of A, a platform operator; a client."""
+
+    client: httpx.AsyncClient
+    storage: MemoryStorageRoot
+    managers: Managers
+    org_a: UUID
+    org_b: UUID
+    admin: UUID
+    member: UUID
+    operator: UUID
+
+    def as_(self, user: UUID) -> dict[str, str]:
+        return {"X-Acme-User": str(user)}
+
+    async def ctx(self, user: UUID) -> OpContext:
+        role = await self.managers.tenancy.member_role(RCTX, org_id=self.org_a, user_id=user)
+        assert role is not None
+        return await self.managers.tenancy.member_context(
+            RCTX, org_id=self.org_a, user_id=user, role=role
+        )
+
+    async def dead_letter(self, org: UUID | None = None, **fields: Any) -> UUID:
+        item = make_item(org or self.org_a, LANE, status=WorkStatus.FAILED, **fields)
+        await self.storage.get_work_storage().create_item(item.org_id, item)
+        return item.id
+
+
+@pytest.fixture
+async def world(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
+    use_probe_payload(monkeypatch)
+    storage = MemoryStorageRoot()
+    container = ServiceContainer.for_tests(storage, Infra.memory())
+    app = create_app(container=container)
+    # The probe kind's enqueue routes answer first: the tests never depend on the shape the
+    # host gave its real payload model.
+    app.router.routes[:0] = enqueue_router({KIND: ProbePayload}).routes
+    tenancy = container.managers.tenancy
+    org_a = (await tenancy.create_org(RCTX, "a")).id
+    org_b = (await tenancy.create_org(RCTX, "b")).id
+    admin, member, operator = uuid4(), uuid4(), uuid4()
+    await tenancy.grant_membership(RCTX, org_id=org_a, user_id=admin, role=Role.ADMIN)
+    await tenancy.grant_membership(RCTX, org_id=org_a, user_id=member, role=Role.MEMBER)
+    await tenancy.grant_membership(RCTX, org_id=EMPTY_UUID, user_id=operator, role=Role.ADMIN)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+        yield World(client, storage, container.managers, org_a, org_b, admin, member, operator)
+
+
+def enqueue_path(org: UUID) -> str:
+    return f"/v1/orgs/{org}/work/kinds/{KIND.value}/items"
+
+
+def probe(**fields: Any) -> dict[str, Any]:
+    return {"record_id": str(uuid4()), **fields}
+
+
+def mutations(org: UUID, item: UUID) -> list[tuple[str, Any]]:
+    """Every write route of a tenant, with a body it accepts."""
+    base = f"/v1/orgs/{org}/work"
+    return [
+        (enqueue_path(org), probe()),
+        (f"{enqueue_path(org)}/bulk", [probe()]),
+        (f"{base}/dead-letters/{item}/replay", None),
+        (f"{base}/dead-letters/{item}/discard", None),
+        (f"{base}/dead-letters/replay", {"dry_run": True}),
+        (f"{base}/dead-letters/discard", {"dry_run": True}),
+    ]
+
+
+def reads(org: UUID, item: UUID) -> list[str]:
+    base = f"/v1/orgs/{org}/work"
+    return [
+        f"{base}/items",
+        f"{base}/items/{item}",
+        f"{base}/dead-letters",
+        f"{base}/summary",
+        f"{base}/activity",
+    ]
+
+
+async def test_a_member_of_one_tenant_gets_404_for_everything_of_another(world: World) -> None:
+    item = await world.dead_letter(world.org_b)
+    who = world.as_(world.admin)
+
+    answers = [
+        (await world.client.get(path, headers=who)).status_code for path in reads(world.org_b, item)
+    ]
+    answers += [
+        (await world.client.post(path, json=body, headers=who)).status_code
+        for path, body in mutations(world.org_b, item)
+    ]
+
+    assert answers == [404] * len(answers)
+    response = await world.client.get(reads(world.org_b, item)[0], headers=who)
+    assert response.json()["detail"] == f"org_id: no live org {world.org_b}"
+
+
+async def test_a_member_without_the_admin_role_gets_403_on_each_mutation(world: World) -> None:
+    item = await world.dead_letter()
+    who = world.as_(world.member)
+
+    answers = [
+        (await world.client.post(path, json=body, headers=who)).status_code
+        for path, body in mutations(world.org_a, item)
+    ]
+    reading = [
+        (await world.client.get(p, headers=who)).status_code for p in reads(world.org_a, item)
+    ]
+
+    assert answers == [403] * len(answers)
+    assert reading == [200] * len(reading)
+
+
+async def test_the_all_tenant_view_needs_a_platform_operator_and_is_audited(
+    world: World,
+) -> None:
+    await world.dead_letter(world.org_a, audit_owed_token=uuid4())
+
+    refused = await world.client.get("/v1/work/summary", headers=world.as_(world.admin))
+    granted = await world.client.get("/v1/work/summary", headers=world.as_(world.operator))
+
+    assert refused.status_code == 403
+    assert granted.status_code == 200, granted.text
+    system = await world.managers.tenancy.member_context(
+        RCTX, org_id=EMPTY_UUID, user_id=world.operator, role=Role.ADMIN
+    )
+    [entry] = await world.managers.audit.list_for(system, "system_scope", EMPTY_UUID)
+    assert (entry.actor_id, entry.action) == (world.operator, "work.system_scope")
+    assert entry.detail == {"method": "GET", "path": "/v1/work/summary"}
+
+
+async def test_each_mutation_is_audited_with_the_member_as_actor(world: World) -> None:
+    who = world.as_(world.admin)
+    one = (await world.client.post(enqueue_path(world.org_a), json=probe(), headers=who)).json()
+    replayed, discarded = await world.dead_letter(), await world.dead_letter()
+    base = f"/v1/orgs/{world.org_a}/work/dead-letters"
+    for path in (f"{base}/{replayed}/replay", f"{base}/{discarded}/discard"):
+        assert (await world.client.post(path, headers=who)).status_code == 200
+    ctx = await world.ctx(world.admin)
+
+    entries = [
+        *await world.managers.audit.list_for(ctx, "work_item", UUID(one["id"])),
+        *await world.managers.audit.list_for(ctx, "work_item", replayed),
+        *await world.managers.audit.list_for(ctx, "work_item", discarded),
+    ]
+
+    assert {e.action for e in entries} >= {"work.enqueued", "work.replayed", "work.discarded"}
+    assert {e.actor_id for e in entries} == {world.admin}
+
+
+async def test_a_payload_is_typed_by_its_kind_and_refused_naming_the_field(
+    world: World,
+) -> None:
+    response = await world.client.post(
+        enqueue_path(world.org_a), json={"record_id": "not a uuid"}, headers=world.as_(world.admin)
+    )
+
+    assert response.status_code == 422
+    assert [problem["loc"] for problem in response.json()["detail"]] == [["body", "record_id"]]
+
+
+async def test_an_idempotency_key_returns_the_first_item(world: World) -> None:
+    who = world.as_(world.admin) | {"Idempotency-Key": "order-7"}
+
+    first = await world.client.post(enqueue_path(world.org_a), json=probe(), headers=who)
+    again = await world.client.post(enqueue_path(world.org_a), json=probe(), headers=who)
+
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"]
+    assert first.json()["idempotency_key"] == "order-7"
+
+
+async def test_a_bulk_enqueue_inserts_each_payload_and_the_list_pages_by_cursor(
+    world: World,
+) -> None:
+    who = world.as_(world.admin)
+    bulk = await world.client.post(
+        f"{enqueue_path(world.org_a)}/bulk", json=[probe() for _ in range(5)], headers=who
+    )
+    assert bulk.status_code == 201, bulk.text
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        params: dict[str, str | int] = {"limit": 2, "status": "AVAILABLE"}
+        if cursor is not None:
+            params["cursor"] = cursor
+        page = (
+            await world.client.get(f"/v1/orgs/{world.org_a}/work/items", params=params, headers=who)
+        ).json()
+        seen += [item["id"] for item in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+
+    assert sorted(seen) == sorted(bulk.json()["ids"])
+    refused = await world.client.get(
+        f"/v1/orgs/{world.org_a}/work/items", params={"cursor": "nonsense"}, headers=who
+    )
+    assert (refused.status_code, refused.json()["detail"]) == (
+        422,
+        "cursor: not a cursor this API returned",
+    )
+
+
+async def test_dead_letters_are_replayed_by_filter_after_a_dry_run_count(world: World) -> None:
+    ids = [await world.dead_letter() for _ in range(3)]
+    path = f"/v1/orgs/{world.org_a}/work/dead-letters/replay"
+    who = world.as_(world.admin)
+
+    counted = await world.client.post(path, json={"kind": KIND.value, "dry_run": True}, headers=who)
+    done = await world.client.post(path, json={"kind": KIND.value}, headers=who)
+
+    assert counted.json() == {"matched": 3, "acted": 0, "dry_run": True}
+    assert done.json() == {"matched": 3, "acted": 3, "dry_run": False}
+    ctx = await world.ctx(world.admin)
+    assert {(await world.managers.work.get(ctx, i)).status for i in ids} == {WorkStatus.AVAILABLE}
+
+
+async def test_a_cross_origin_post_is_refused_and_a_same_origin_one_passes(
+    world: World,
+) -> None:
+    who = world.as_(world.admin)
+    path = enqueue_path(world.org_a)
+
+    foreign = await world.client.post(
+        path, json=probe(), headers=who | {"Origin": "https://evil.example"}
+    )
+    fetched = await world.client.post(
+        path, json=probe(), headers=who | {"Sec-Fetch-Site": "cross-site"}
+    )
+    own = await world.client.post(path, json=probe(), headers=who | {"Origin": "http://api"})
+
+    assert (foreign.status_code, fetched.status_code, own.status_code) == (403, 403, 201)
+    ctx = await world.ctx(world.admin)
+    assert len(await world.managers.work.list_items(ctx)) == 1
+
+
+async def test_responses_forbid_framing_and_the_page_has_a_strict_policy(world: World) -> None:
+    api = await world.client.get(
+        f"/v1/orgs/{world.org_a}/work/summary", headers=world.as_(world.member)
+    )
+    page = await world.client.get("/v1/work/dashboard")
+    script = await world.client.get("/v1/work/dashboard/app.js")
+
+    assert "frame-ancestors 'none'" in api.headers["content-security-policy"]
+    policy = page.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in policy
+    assert "script-src 'self';" in policy
+    assert "unsafe-inline" not in policy
+    assert "http" not in policy
+    assert page.headers["content-type"].startswith("text/html")
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert page.headers["x-content-type-options"] == "nosniff"
+
+
+async def test_payload_and_error_text_are_data_never_markup(world: World) -> None:
+    """The API returns `<script>` as a JSON string, and the page sets every value as text:
+    its script never writes HTML (the browser test sees it inert)."""
+    who = world.as_(world.admin)
+    mark = "<script>alert(1)</script>"
+    made = await world.client.post(enqueue_path(world.org_a), json=probe(note=mark), headers=who)
+    item = await world.client.get(
+        f"/v1/orgs/{world.org_a}/work/items/{made.json()['id']}", headers=who
+    )
+    script = resources.files("acme.services.api.work").joinpath("dashboard", "app.js").read_text()
+
+    assert item.headers["content-type"] == "application/json"
+    assert item.json()["payload"]["note"] == mark
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+        assert sink not in script
+
+
+async def test_a_member_sees_last_error_without_stack_frames_an_admin_with(
+    world: World,
+) -> None:
+    item = await world.dead_letter(last_error=TRACEBACK)
+    path = f"/v1/orgs/{world.org_a}/work/items/{item}"
+
+    member = (await world.client.get(path, headers=world.as_(world.member))).json()
+    admin = (await world.client.get(path, headers=world.as_(world.admin))).json()
+
+    assert member["last_error"] == "TimeoutError: the carrier did not answer"
+    assert admin["last_error"] == TRACEBACK
+
+
+async def test_the_openapi_types_every_work_body_and_response() -> None:
+    """The host's own app, as mounted (its real payload models, no probe)."""
+    app = create_app(container=ServiceContainer.for_tests(MemoryStorageRoot(), Infra.memory()))
+    schema = app.openapi()
+    work = {p: ops for p, ops in schema["paths"].items() if "/work" in p}
+
+    assert len(work) >= 11
+    for path, operations in work.items():
+        for method, operation in operations.items():
+            ok = next(c for c in operation["responses"] if c.startswith("2"))
+            assert operation["responses"][ok]["content"]["application/json"]["schema"], path
+            if method == "post" and "{item_id}" not in path:
+                body = operation["requestBody"]["content"]["application/json"]["schema"]
+                assert body.get("$ref") or body.get("items"), (path, body)
