@@ -109,6 +109,7 @@ def test_first_worker_applies_every_changed_row(host: Path) -> None:
             "pyproject.toml",
             "scripts/dev.sh",
             "scripts/workers.py",
+            "services/api/src/acme/services/api/main.py",
         ]
     )
     om = host / "om/src/acme/om"
@@ -525,3 +526,35 @@ def test_a_template_owned_file_is_named_overwritten_only_when_no_version_wrote_i
     )
     found = lifecycle.overwritten_edits(tmp_path, [RELEASE_0_1_0])
     assert [line.split(":", 1)[0] for line in found] == ["scripts/workers.py", "Makefile"]
+
+
+API_MAIN = "services/api/src/acme/services/api/main.py"
+
+
+def test_the_work_router_is_mounted_after_the_apps_router_once(host: Path) -> None:
+    patcher.apply(host, FIRST)
+    once = (host / API_MAIN).read_text()
+    patcher.apply(host, FIRST)
+
+    assert (host / API_MAIN).read_text() == once
+    assert "    app.include_router(router)\n    mount_work(app)\n" in once
+    assert "from acme.services.api.work import mount_work\n" in once
+    assert once.count("mount_work(app)") == 1
+
+
+def test_an_api_without_the_membership_lookup_gets_no_router_and_one_line(
+    host: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tenancy = host / "om/src/acme/om/tenancy/manager.py"
+    tenancy.write_text(tenancy.read_text().replace("def member_role(", "def role_of("))
+    before = (host / API_MAIN).read_text()
+
+    assert patcher.check_host(host, FIRST) == []
+    patcher.apply(host, FIRST)
+
+    assert (host / API_MAIN).read_text() == before
+    [line] = [line for line in capsys.readouterr().err.splitlines() if "work API" in line]
+    assert line.strip() == (
+        "note     om/src/acme/om/tenancy/manager.py has no `member_role` (memberships): "
+        "the work API is not mounted (docs/host-contract.md, The work API)"
+    )
