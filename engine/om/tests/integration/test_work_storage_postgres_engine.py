@@ -161,6 +161,7 @@ _PLAY_INDEXES = {
     "ix_work_items_audit_owed",
     "ix_work_items_deleted",
     "ix_work_items_cancelled",
+    "ix_work_items_dead_letters",
 }
 
 
@@ -184,7 +185,8 @@ async def test_the_sweep_reads_the_rows_in_play_never_the_history(
 ) -> None:
     """With thousands of completed rows and audited dead letters in a tenant, every
     statement of a sweep pass over the queue (requeue, the three purges, owed audits, the
-    queue stats) reads through an index that holds only the rows in play: none scans the
+    queue stats) and of the work API's dashboard (a tenant's counts, its dead letters, its
+    last hour) reads through an index that holds only the rows in play: none scans the
     table or the tenant's whole history, so a pass costs what the backlog holds, not what
     the retention keeps (docs/operations.md, the table's indexes)."""
     storage = PostgresWorkStorage(pg_funnel)
@@ -217,6 +219,10 @@ async def test_the_sweep_reads_the_rows_in_play_never_the_history(
             await storage.purge_cancelled(org, 7 * 86400.0, 1000)
             await storage.owed_audits(org, limit=100)
             await storage.queue_stats(EMPTY_UUID)
+            # the work API's and dashboard's reads (docs/decisions/0046)
+            await storage.queue_stats(org)
+            await storage.list_items(org, status=WorkStatus.FAILED, limit=50)
+            await storage.recent_outcomes(org, window_s=3600.0, buckets=12)
         finally:
             event.remove(engine, "before_cursor_execute", seen)
 
