@@ -215,3 +215,12 @@ def test_this_repositorys_own_markdown_is_as_prettier_leaves_it(prettier: Path) 
     markdown the template renders is (docs/decisions/0027)."""
     patterns = ("README.md", "CHANGELOG.md", "engine/README.md", "docs/**/*.md")
     assert run_prettier(prettier, REPO, "--list-different", *patterns) == []
+
+
+DASHBOARD = REPO / "engine/services/api/src/acme/services/api/work/dashboard"
+
+
+def test_the_dashboards_html_js_and_css_are_as_prettier_leaves_them(prettier: Path) -> None:
+    """The work dashboard's static files (docs/decisions/0045), checked where they live."""
+    assert sorted(p.name for p in DASHBOARD.iterdir()) == ["app.css", "app.js", "index.html"]
+    assert run_prettier(prettier, DASHBOARD, "--list-different", "*.html", "*.js", "*.css") == []

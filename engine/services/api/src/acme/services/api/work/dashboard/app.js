@@ -19,7 +19,10 @@ function headers(extra) {
 }
 
 async function call(method, path, body) {
-  const init = { method, headers: headers(body ? { "Content-Type": "application/json" } : {}) };
+  const init = {
+    method,
+    headers: headers(body ? { "Content-Type": "application/json" } : {}),
+  };
   if (body) {
     init.body = JSON.stringify(body);
   }
@@ -98,7 +101,9 @@ function renderDeadLetters(page) {
     const actions = cell(row, "");
     const path = `${base}/dead-letters/${encodeURIComponent(item.id)}`;
     actions.appendChild(button("Replay", () => call("POST", `${path}/replay`)));
-    actions.appendChild(button("Discard", () => call("POST", `${path}/discard`)));
+    actions.appendChild(
+      button("Discard", () => call("POST", `${path}/discard`)),
+    );
     body.appendChild(row);
   }
 }
@@ -107,7 +112,10 @@ function renderActivity(activity) {
   const svg = document.getElementById("activity");
   svg.replaceChildren();
   const buckets = activity.buckets;
-  const highest = Math.max(1, ...buckets.map((b) => Math.max(b.completed, b.dead_lettered)));
+  const highest = Math.max(
+    1,
+    ...buckets.map((b) => Math.max(b.completed, b.dead_lettered)),
+  );
   const width = 600 / Math.max(1, buckets.length);
   buckets.forEach((bucket, i) => {
     const pairs = [
