@@ -17,7 +17,9 @@ which one is missing, and how to start it, before it falls back to embedded.
 `--chaos` kills the worker with SIGKILL mid-run and starts a new one: every item must still
 complete exactly once. `--two-workers` also renders `invoice-mailer` / `SEND_INVOICE` into
 the same host (it joins the namespace the first worker created) and runs both side by side:
-each must handle only its own kind.
+each must handle only its own kind. `--serve` then keeps the workers running and serves
+the host's API and the work dashboard over the demo's items at a printed URL until Ctrl-C,
+and stops everything it started.
 """
 
 from __future__ import annotations
@@ -346,6 +348,86 @@ def stop_worker(worker: Worker) -> None:
     print(f"  {worker.name} exited with {code} after {time.monotonic() - started:.1f} s")
 
 
+DASHBOARD_SEED = """
+import asyncio
+from uuid import uuid4
+from acme.om.context import AppContext, AppType, RequestContext, Role
+from acme.om.types import EMPTY_UUID
+from acme.services.api.container import ServiceContainer
+from acme.services.api.settings import ApiSettings
+
+async def main() -> None:
+    container = ServiceContainer.build(ApiSettings())
+    tenancy = container.managers.tenancy
+    rctx = RequestContext.new(AppContext(type=AppType.SERVICE, version="demo@0"))
+    org = (await tenancy.service_contexts(rctx))[0].org_id
+    user = uuid4()
+    for scope in (org, EMPTY_UUID):  # an admin of the demo tenant, and a platform operator
+        await tenancy.grant_membership(rctx, org_id=scope, user_id=user, role=Role.ADMIN)
+    await container.aclose()
+    print(org, user)
+
+asyncio.run(main())
+"""
+
+
+def serve_dashboard(host: Path, env: dict[str, str], port: int, log: Path) -> None:
+    """Grant a demo user the admin role in the demo's tenant (and the platform operator's),
+    serve the host's API (`acme-api serve`) on `port`, print the dashboard's URL and wait
+    for Ctrl-C; the API is stopped whatever ends the wait."""
+    seeded = subprocess.run(
+        ["uv", "run", "--all-packages", "--offline", "python", "-c", DASHBOARD_SEED],
+        cwd=host,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if seeded.returncode != 0:
+        raise SystemExit(f"demo: the dashboard's user was not granted:\n{seeded.stderr[-3000:]}")
+    org, user = seeded.stdout.split()[-2:]
+    step(f"starting the API: uv run acme-api serve  (log: {log})")
+    api = subprocess.Popen(
+        ["uv", "run", "--all-packages", "--offline", "acme-api", "serve"],
+        cwd=host,
+        env={**env, "ACME_API_PORT": str(port)},
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if api.poll() is not None:
+                raise SystemExit(f"demo: the API exited with {api.returncode} (log: {log})")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                    break
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"demo: the API did not answer in 60 s (log: {log})") from None
+                time.sleep(0.2)
+        step("serving; Ctrl-C stops the API and the workers")
+        print(f"  dashboard  http://127.0.0.1:{port}/v1/work/dashboard?org={org}&as={user}")
+        print(f"  API docs   http://127.0.0.1:{port}/docs  (header X-Acme-User: {user})")
+        try:
+            while api.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            # A terminal's Ctrl-C reaches `uv run` too, which passes it on: once is enough.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            print()
+    finally:
+        if api.poll() is None:
+            step("stopping the API with SIGTERM")
+            os.killpg(api.pid, signal.SIGTERM)
+            try:
+                api.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(api.pid, signal.SIGKILL)
+                api.wait()
+
+
 def bar(done: int, total: int, width: int = 30) -> str:
     filled = int(width * done / total) if total else width
     return "[" + "#" * filled + "." * (width - filled) + "]"
@@ -375,6 +457,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--timeout", type=float, default=180.0, help="seconds to wait for the items"
+    )
+    parser.add_argument(
+        "--serve", action="store_true", help="then serve the API and dashboard until Ctrl-C"
+    )
+    parser.add_argument(
+        "--api-port", type=int, default=int(os.environ.get("DEMO_API_PORT", "8000"))
     )
     args = parser.parse_args()
 
@@ -413,6 +501,7 @@ def main() -> int:
     step("preparing the database")
     prepare_database(host, backend, env)
 
+    serving = False
     try:
         for worker in workers:
             step(f"starting {worker.name}: uv run {worker.name} serve  (log: {worker.log})")
@@ -484,9 +573,11 @@ def main() -> int:
         elapsed = time.monotonic() - started
         if tty:
             print()
+        serving = args.serve
     finally:
-        for worker in workers:
-            stop_worker(worker)
+        if not serving:
+            for worker in workers:
+                stop_worker(worker)
 
     step("summary")
     ok = True
@@ -509,6 +600,12 @@ def main() -> int:
         ok = ok and completed == args.count and twice == 0 and not foreign
     print(f"  elapsed           {elapsed:.2f} s")
     print(f"  throughput        {total / elapsed:.1f} items/s")
+    if serving:
+        try:
+            serve_dashboard(host, env, args.api_port, work / "api.log")
+        finally:
+            for worker in workers:
+                stop_worker(worker)
     return 0 if ok else 1
 
 
