@@ -98,7 +98,7 @@ async def list_items(
     return _page(rows, len(rows.unreadable), limit, member)
 
 
-@router.get(f"{TENANT}/items/{{item_id}}", response_model=ItemView)
+@router.get(TENANT + "/items/{item_id}", response_model=ItemView)
 async def get_item(item_id: UUID, member: ReaderDep, found: ManagersDep) -> ItemView:
     """One item of the tenant (404 for another tenant's)."""
     item = await found.work.get(member.ctx, item_id)
@@ -126,14 +126,14 @@ async def list_dead_letters(
     return _page(rows, len(rows.unreadable), limit, member)
 
 
-@router.post(f"{TENANT}/dead-letters/{{item_id}}/replay", response_model=ItemView)
+@router.post(TENANT + "/dead-letters/{item_id}/replay", response_model=ItemView)
 async def replay(item_id: UUID, member: AdminDep, found: ManagersDep) -> ItemView:
     """Make a dead letter available again, attempts reset; audited (`work.replayed`)."""
     item = await found.work.replay(member.ctx, item_id)
     return ItemView.of(item, frames=True)
 
 
-@router.post(f"{TENANT}/dead-letters/{{item_id}}/discard", response_model=ItemView)
+@router.post(TENANT + "/dead-letters/{item_id}/discard", response_model=ItemView)
 async def discard(item_id: UUID, member: AdminDep, found: ManagersDep) -> ItemView:
     """Discard a dead letter (soft delete); audited (`work.discarded`)."""
     item = await found.work.discard(member.ctx, item_id)
