@@ -192,8 +192,10 @@ def test_the_dashboard_counts_enqueues_and_replays_a_dead_letter_to_completion(
         env_worker = {**env, "SHIPMENT_NOTIFIER_METRICS_PORT": str(free_port())}
         worker = _start(host, env_worker, tmp_path / "worker.log", "shipment-notifier", "serve")
         done = _until(
-            lambda: httpx.get(f"{items}/items/{ids['dead']}", headers=user).json()["status"]
-            == "COMPLETED",
+            lambda: (
+                httpx.get(f"{items}/items/{ids['dead']}", headers=user).json()["status"]
+                == "COMPLETED"
+            ),
             "the replayed item completing",
             90,
         )
