@@ -463,9 +463,9 @@ def _relative_import(
 
 
 def edit_roles(text: str, spec: Spec, limit: int) -> str:
-    """`storage/roles.py`: `work_items` in the queue role and org-scoped, `work_lane_pauses`
-    in the queue role and shared by every tenant (new namespace; an update adds the second
-    to a host that has the first)."""
+    """`storage/roles.py`: `work_items` and `work_schedules` in the queue role and
+    org-scoped, `work_lane_pauses` in the queue role and shared by every tenant (new
+    namespace; an update adds the later ones to a host that has the first)."""
     where = f"{spec.om}/storage/roles.py"
     module = _parse(text, where)
     if "QUEUE" not in pyedit.class_members(_class(module, "DatabaseRole", where)):
@@ -476,6 +476,8 @@ def edit_roles(text: str, spec: Spec, limit: int) -> str:
     module = _dict_add(module, "TABLE_SCOPES", '"work_items"', "TenancyScope.ORG", where)
     module = _dict_add(module, "TABLE_ROLES", '"work_lane_pauses"', "DatabaseRole.QUEUE", where)
     module = _dict_add(module, "TABLE_SCOPES", '"work_lane_pauses"', "TenancyScope.GLOBAL", where)
+    module = _dict_add(module, "TABLE_ROLES", '"work_schedules"', "DatabaseRole.QUEUE", where)
+    module = _dict_add(module, "TABLE_SCOPES", '"work_schedules"', "TenancyScope.ORG", where)
     return module.code
 
 

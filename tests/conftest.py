@@ -57,6 +57,7 @@ HOST_TESTS = {
     "om/tests/contracts/work_storage_claim.py",
     "om/tests/contracts/work_storage_lanes.py",
     "om/tests/contracts/work_storage_rows.py",
+    "om/tests/contracts/work_storage_schedules.py",
     "om/tests/contracts/work_storage_sweep.py",
     "om/tests/unit/test_work_storage.py",
     "om/tests/integration/test_work_storage_postgres.py",

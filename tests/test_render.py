@@ -107,6 +107,7 @@ MIGRATION_PATTERNS = [
         "work_items_cancelled_checked",
         "work_items_cancelled_purge",
         "work_items_dead_letters",
+        "work_items_schedules",
     )
     for path in (
         rf"sql/queue/\d{{14}}_{name}\.up\.sql",

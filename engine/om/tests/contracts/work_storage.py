@@ -7,7 +7,7 @@ unvalidated, past the table's own checks (a row the storage's writes never make)
 cover claim exclusivity, lease, requeue, fencing, idempotency, tenants and the raced claim,
 the replays of peers' failure reports (the template's docs/guarantees.md §2) that hold at
 the storage level, rows that cannot be read, the audit entries dead letters owe, paused
-lanes, and an operator's cancel.
+lanes, an operator's cancel, and the schedule-state row.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from contracts.work_storage_cancel import CancelCases
 from contracts.work_storage_claim import ClaimCases
 from contracts.work_storage_lanes import LaneCases
 from contracts.work_storage_rows import RowCases
+from contracts.work_storage_schedules import ScheduleCases
 from contracts.work_storage_sweep import SweepCases
 
 __all__ = [
@@ -35,5 +36,5 @@ __all__ = [
 ]
 
 
-class WorkStorageContract(ClaimCases, SweepCases, RowCases, LaneCases, CancelCases):
+class WorkStorageContract(ClaimCases, SweepCases, RowCases, LaneCases, CancelCases, ScheduleCases):
     """The cases every work storage passes; subclasses provide `storage` and `advance`."""

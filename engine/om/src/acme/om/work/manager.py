@@ -109,6 +109,27 @@ class WorkManagerInterface(ABC):
         `row.org_id`.
         """
 
+    @abstractmethod
+    async def schedule_ticks(self, ctx: OpContext) -> dict[str, datetime]:
+        """`ctx`'s tenant's schedule-state rows: each schedule's latest handled tick (aware
+        UTC), by schedule (`<worker>:<name>`)."""
+
+    @abstractmethod
+    async def enqueue_tick(
+        self,
+        ctx: OpContext,
+        schedule: str,
+        *,
+        previous: datetime | None,
+        tick: datetime,
+        item: WorkItem | None,
+    ) -> bool:
+        """Advance `schedule`'s state row from `previous` to `tick` and enqueue `item` (None:
+        the tick is skipped) in one transaction; True when this call advanced it, False when
+        another process did first (nothing written). `item` is validated and stamped as
+        `enqueue` does, and raises what it raises (docs/decisions/0034).
+        """
+
     async def publish_owed_wake_ups(self) -> None:
         """Return once every `Topics.WORK_AVAILABLE` owed by this manager's enqueues so far
         is published (or its publish failed and was logged). The enqueue does not wait for

@@ -283,6 +283,37 @@ class WorkManagerImpl(OperatorCommands):
         )
         return enqueued
 
+    async def schedule_ticks(self, ctx: OpContext) -> dict[str, datetime]:
+        return await self._storage.schedule_ticks(ctx.org_id)
+
+    async def enqueue_tick(
+        self,
+        ctx: OpContext,
+        schedule: str,
+        *,
+        previous: datetime | None,
+        tick: datetime,
+        item: WorkItem | None,
+    ) -> bool:
+        copy = (
+            None
+            if item is None
+            else self._stamped(
+                item,
+                org_id=ctx.org_id,
+                actor=ctx.user_id,
+                request_id=ctx.request.request_id,
+                traceparent=ctx.request.traceparent,
+            )
+        )
+        advanced = await self._storage.advance_schedule(
+            ctx.org_id, schedule, previous=previous, tick=tick, item=copy
+        )
+        if advanced and copy is not None:
+            self._metrics.enqueued.labels(kind=copy.kind.value).inc()
+            self._wake_ups.owe([(copy.lane, copy.kind.value)])
+        return advanced
+
     async def publish_owed_wake_ups(self) -> None:
         """See `WorkManagerInterface.publish_owed_wake_ups`."""
         await self._wake_ups.published()

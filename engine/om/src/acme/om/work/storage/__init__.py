@@ -494,3 +494,27 @@ class WorkStorageInterface(ABC):
         statement, True when it cleared the debt, False when the row owes none under that
         token (another process settled it first, or the row is gone). `updated_at` is
         left as it was: the item itself does not change."""
+
+    @abstractmethod
+    async def schedule_ticks(self, org_id: UUID) -> dict[str, datetime]:
+        """The tenant's schedule-state rows: each schedule's latest handled tick (aware
+        UTC), by schedule (`<worker>:<name>`)."""
+
+    @abstractmethod
+    async def advance_schedule(
+        self,
+        org_id: UUID,
+        schedule: str,
+        *,
+        previous: datetime | None,
+        tick: datetime,
+        item: WorkItem | None,
+    ) -> bool:
+        """Advance `schedule`'s state row from `previous` (None: no row yet) to `tick` and,
+        in the same transaction, insert `item` when given; True when this call advanced it.
+
+        One conditional statement decides (an insert that does nothing on a row already
+        there, or an update on `tick_at = previous`): of any number of calls from one
+        `previous`, one advances the row and inserts its item, the rest write nothing and
+        return False (docs/decisions/0034). The item is inserted as `create_items` would.
+        """

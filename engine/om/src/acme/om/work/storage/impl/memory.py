@@ -71,7 +71,8 @@ class MemoryWorkStorage(WorkStorageInterface):
     `clock` (aware UTC) stands for the database clock; tests pass their own to move time.
     Rows are copied in and out, so a caller's item never aliases a stored row. The audit
     entries dead letters owe are kept beside the rows (`_owed`: id to token and reason),
-    as the SQL table keeps them in two columns the item does not carry.
+    as the SQL table keeps them in two columns the item does not carry; the schedule-state
+    rows in `_ticks`.
     """
 
     backend: ClassVar[str] = "memory"
@@ -80,6 +81,7 @@ class MemoryWorkStorage(WorkStorageInterface):
         self._rows: dict[UUID, WorkItem] = {}
         self._owed: dict[UUID, tuple[UUID, str]] = {}
         self._pauses: dict[str, LanePause] = {}
+        self._ticks: dict[tuple[UUID, str], datetime] = {}  # the `work_schedules` rows
         self._lock = asyncio.Lock()
         self._clock = clock or utc_now
 
@@ -98,21 +100,43 @@ class MemoryWorkStorage(WorkStorageInterface):
     async def create_items(self, org_id: UUID, items: Sequence[WorkItem]) -> list[Created]:
         """See `WorkStorageInterface.create_items`."""
         async with self._lock:
-            results: list[Created] = []
-            for item in items:
-                if item.id in self._rows:
-                    results.append(Created(item.id, False, self._copy(org_id, item.id)))
-                    continue
-                holder = self._key_holder(org_id, item.idempotency_key)
-                if holder is not None:
-                    results.append(Created(holder, False, self._copy(org_id, holder)))
-                    continue
-                self._rows[item.id] = item.model_copy(
-                    update={"org_id": org_id, "available_at": self._after(item.delay)},
-                    deep=True,
-                )
-                results.append(Created(item.id, True, self._copy(org_id, item.id)))
-            return results
+            return [self._create(org_id, item) for item in items]
+
+    def _create(self, org_id: UUID, item: WorkItem) -> Created:
+        """One item's insert-or-report, under the lock."""
+        if item.id in self._rows:
+            return Created(item.id, False, self._copy(org_id, item.id))
+        holder = self._key_holder(org_id, item.idempotency_key)
+        if holder is not None:
+            return Created(holder, False, self._copy(org_id, holder))
+        self._rows[item.id] = item.model_copy(
+            update={"org_id": org_id, "available_at": self._after(item.delay)},
+            deep=True,
+        )
+        return Created(item.id, True, self._copy(org_id, item.id))
+
+    async def schedule_ticks(self, org_id: UUID) -> dict[str, datetime]:
+        """See `WorkStorageInterface.schedule_ticks`."""
+        async with self._lock:
+            return {name: tick for (org, name), tick in self._ticks.items() if org == org_id}
+
+    async def advance_schedule(
+        self,
+        org_id: UUID,
+        schedule: str,
+        *,
+        previous: datetime | None,
+        tick: datetime,
+        item: WorkItem | None,
+    ) -> bool:
+        """See `WorkStorageInterface.advance_schedule`: compare and set under the lock."""
+        async with self._lock:
+            if self._ticks.get((org_id, schedule)) != previous:
+                return False
+            self._ticks[org_id, schedule] = tick
+            if item is not None:
+                self._create(org_id, item)
+            return True
 
     def _copy(self, org_id: UUID, item_id: UUID) -> WorkItem | None:
         row = self._tenant_row(org_id, item_id)

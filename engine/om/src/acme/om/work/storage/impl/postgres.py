@@ -59,6 +59,7 @@ from acme.om.work.storage.impl.postgres_statements import (
 from acme.om.work.storage.impl.sql import SqlWorkStorage, created_items
 from acme.om.work.storage.impl.sql_operator import row_to_item, rows_read
 from acme.om.work.storage.tables.work_items import UtcDateTime, work_items
+from acme.om.work.storage.tables.work_schedules import work_schedules
 from acme.om.work.types.work_item import (
     UnreadableRow,
     WorkItem,
@@ -292,6 +293,9 @@ class PostgresWorkStorage(SqlWorkStorage):
 
     def _insert(self) -> Insert:
         return insert(t).on_conflict_do_nothing()
+
+    def _insert_state(self) -> Insert:
+        return insert(work_schedules).on_conflict_do_nothing()
 
     async def _insert_rows(
         self, conn: AsyncConnection, org_id: UUID, items: Sequence[WorkItem]

@@ -50,6 +50,7 @@ from acme.om.work.storage.impl.sql_operator import (
 from acme.om.work.storage.tables.work_items import (
     work_items,
 )
+from acme.om.work.storage.tables.work_schedules import work_schedules
 from acme.om.work.types.work_item import (
     ItemCancelled,
     UnreadableRow,
@@ -60,6 +61,7 @@ from acme.om.work.types.work_item import (
 )
 
 t = work_items
+s = work_schedules
 
 
 def unreadable_error(row: UnreadableRow) -> str:
@@ -109,6 +111,10 @@ class SqlWorkStorage(SqlOperatorStatements):
     @abstractmethod
     def _insert(self) -> Insert:
         """An insert into `work_items` that does nothing on any unique conflict."""
+
+    @abstractmethod
+    def _insert_state(self) -> Insert:
+        """An insert into `work_schedules` that does nothing on a row already there."""
 
     @abstractmethod
     async def _claim_rows(
@@ -195,6 +201,40 @@ class SqlWorkStorage(SqlOperatorStatements):
             .values(available_at=self._after(delay))
             .returning(t.c.id, t.c.available_at)
         )
+
+    async def schedule_ticks(self, org_id: UUID) -> dict[str, datetime]:
+        """See `WorkStorageInterface.schedule_ticks`."""
+        query = select(s.c.schedule, s.c.tick_at).where(s.c.org_id == org_id)
+        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            return {row.schedule: row.tick_at for row in await conn.execute(query)}
+
+    async def advance_schedule(
+        self,
+        org_id: UUID,
+        schedule: str,
+        *,
+        previous: datetime | None,
+        tick: datetime,
+        item: WorkItem | None,
+    ) -> bool:
+        """See `WorkStorageInterface.advance_schedule`: the conditional statement, then the
+        item's insert (`_insert_rows`), in one session."""
+        if previous is None:
+            advance: Insert | Update = self._insert_state().values(
+                org_id=org_id, schedule=schedule, tick_at=tick, updated_at=self._now()
+            )
+        else:
+            advance = (
+                update(s)
+                .where(s.c.org_id == org_id, s.c.schedule == schedule, s.c.tick_at == previous)
+                .values(tick_at=tick, updated_at=self._now())
+            )
+        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            if (await conn.execute(advance.returning(s.c.schedule))).first() is None:
+                return False
+            if item is not None:
+                await self._insert_rows(conn, org_id, [item])
+        return True
 
     async def read_item(self, org_id: UUID, item_id: UUID) -> WorkItem | None:
         """See `WorkStorageInterface.read_item`."""

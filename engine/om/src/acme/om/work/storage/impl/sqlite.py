@@ -31,6 +31,7 @@ from acme.om.types import EMPTY_UUID
 from acme.om.work.storage.impl.sql import SqlWorkStorage, unreadable_error
 from acme.om.work.storage.tables.work_items import UtcDateTime, work_items
 from acme.om.work.storage.tables.work_lane_pauses import work_lane_pauses
+from acme.om.work.storage.tables.work_schedules import work_schedules
 from acme.om.work.types.work_item import UnreadableRow, WorkKind, WorkStatus
 
 t = work_items
@@ -71,6 +72,9 @@ class SqliteWorkStorage(SqlWorkStorage):
 
     def _insert(self) -> Insert:
         return insert(t).on_conflict_do_nothing()
+
+    def _insert_state(self) -> Insert:
+        return insert(work_schedules).on_conflict_do_nothing()
 
     async def _claim_rows(
         self,
