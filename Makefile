@@ -10,6 +10,8 @@ export UV_LINK_MODE ?= copy
 PYTEST_ARGS ?=
 # pytest-xdist processes for make test: most tests wait on copier, uv and host test runs.
 PYTEST_WORKERS ?= auto
+# Dependencies of the rendered workers/runtime that no reference-host package has.
+RUNTIME_ONLY_DEPS := "cronsim>=2.8"
 XDIST_VERSION := $(shell sed -n '/^name = "pytest-xdist"/{n;s/version = "\(.*\)"/\1/p}' uv.lock)
 
 .PHONY: help setup services demo test engine-check bench bench-scale chaos soak lint clean release-manifest release-check
@@ -40,6 +42,9 @@ setup:
 	@# make engine-check runs the engine's tests under pytest-xdist in a rendered host, which
 	@# installs it offline: this puts it (the template's locked version) in the uv cache.
 	@$(UV) pip install --quiet --python .cache/warm-venv/bin/python pytest-xdist==$(XDIST_VERSION)
+	@# The runtime's dependencies the reference host does not lock (workers/runtime's
+	@# pyproject.toml.jinja): a render resolves them from the uv cache, offline.
+	@$(UV) pip install --quiet --python .cache/warm-venv/bin/python $(RUNTIME_ONLY_DEPS)
 	@# A render adds a workspace member, so its host re-resolves the lock offline: that needs
 	@# the index metadata of every locked package (every Python fork), which installing from
 	@# the lock alone never fetches.

@@ -3,10 +3,11 @@
 `serve` boots the process as a service does (`boot(settings)`: logging, error reporting,
 trust store, tracing) and runs the worker (`server.serve`) until SIGTERM or SIGINT. The
 other subcommands are for demos and operators: `enqueue` items of the worker's kind,
-`tenants` (the live tenant ids), `items list|show|move|discard`, `dead-letters
-list|replay|discard`, `lanes list|pause|resume` and `summary` (`commands.py`). Every line a
-command prints about itself starts with the worker's name. The top of the engine: nothing
-in it imports this module; a worker's `main.py` reaches it through `entry.console`.
+`schedules` (each periodic item and its next tick), `tenants` (the live tenant ids),
+`items list|show|move|discard`, `dead-letters list|replay|discard`, `lanes
+list|pause|resume` and `summary` (`commands.py`). Every line a command prints about itself
+starts with the worker's name. The top of the engine: nothing in it imports this module; a
+worker's `main.py` reaches it through `entry.console`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from uuid import UUID
+from zoneinfo import ZoneInfo
 
 import asyncpg
 from pydantic import ValidationError
@@ -138,6 +141,7 @@ def _parser(worker: Worker, env_prefix: str) -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("serve", help="run the worker until SIGTERM/SIGINT, then drain")
+    commands.add_parser("schedules", help="list the worker's schedules and each one's next tick")
 
     enqueue = commands.add_parser("enqueue", help=f"enqueue {worker.kind.value} items (demos, ops)")
     enqueue.add_argument(
@@ -292,6 +296,14 @@ def run(worker: Worker, argv: Sequence[str] | None = None) -> None:
         sys.exit(f"{name}: invalid settings: {misspelt}")
     if args.command == "serve" and (problem := settings.serving_problem()) is not None:
         sys.exit(f"{name}: invalid settings: {problem}")
+    if (
+        args.command in ("serve", "schedules")
+        and (problem := worker.schedule_problem(settings)) is not None
+    ):
+        sys.exit(problem)
+    if args.command == "schedules":
+        print_schedules(worker, datetime.now(UTC))
+        return
     if settings.infra.database_url is None:
         try:
             embedded = embedded_database_file()
@@ -330,6 +342,23 @@ def run(worker: Worker, argv: Sequence[str] | None = None) -> None:
                 "(run the host's migrations, `make migrate`, as the database's owner)"
             )
         sys.exit(f"{name}: the database is unavailable: {type(exc).__name__}: {cause}")
+
+
+def print_schedules(worker: Worker, now: datetime) -> None:
+    """One line per schedule of `worker`: its name, expression, zone, tenants, catch-up
+    horizon and next tick after `now` (UTC, and local in its zone); reads no database."""
+    if not worker.schedules:
+        print(f"{worker.name}: no schedules (declare them in its loop.py, `schedules=`)")
+        return
+    for schedule in worker.schedules:
+        tick = schedule.next_tick(now)
+        local = "none" if tick is None else tick.astimezone(ZoneInfo(schedule.zone)).isoformat()
+        print(
+            f"{schedule.key(worker.name)}\tcron={schedule.cron!r}\tzone={schedule.zone}"
+            f"\tfor={schedule.tenant or 'each live tenant'}"
+            f"\tcatch_up_s={'none' if schedule.catch_up_s is None else f'{schedule.catch_up_s:g}'}"
+            f"\tnext={'none' if tick is None else tick.isoformat()}\tnext_local={local}"
+        )
 
 
 def _stray_embedded_file(embedded: Path) -> str | None:

@@ -338,6 +338,11 @@ class LoopContract:
         assert (await container.managers.work.get(tenant, mine.id)).status == WorkStatus.COMPLETED
         assert (await container.managers.work.get(tenant, other.id)).status == WorkStatus.AVAILABLE
 
+    def test_its_schedules_run_with_its_default_settings(self, worker: Worker) -> None:
+        """A malformed expression, an unknown zone, a payload the kind refuses or a
+        catch-up horizon past the retention would stop `serve` at start."""
+        assert worker.schedule_problem(worker.settings()) is None
+
     def test_its_default_capacity_fits_its_default_pool(self, worker: Worker) -> None:
         settings = worker.settings()
         assert settings.serving_problem() is None, settings.serving_problem()

@@ -4,8 +4,9 @@
 by its wake-up subscription) or when the poll interval passes; runs each item as its own
 task; renews each item's lease every `lease / 5` seconds and fences itself off an item
 whose lease it may have lost; writes completions in groups (one `complete_many` per batch
-and tenant); beats on the cache; and drains at `stop()`. The sweep (`sweep.Sweep`) and the
-wake-up subscription (`wake.WakeUpSubscription`) are collaborators it starts and stops.
+and tenant); beats on the cache; and drains at `stop()`. The sweep (`sweep.Sweep`), the
+wake-up subscription (`wake.WakeUpSubscription`) and the scheduler (`schedules.Scheduler`)
+are collaborators it starts and stops.
 Fencing times come from the injected wall clock (`clock`); lease expiry is the database's
 (docs/guarantees.md §7). Every bound is `asyncio.timeout`, never `asyncio.wait_for`
 (docs/decisions/0030).
@@ -47,6 +48,7 @@ from acme.workers.runtime.hooks import ItemHooks as ItemHooks
 from acme.workers.runtime.lease import LeaseRenewal, mark_cancelled
 from acme.workers.runtime.metrics import WorkerMetrics
 from acme.workers.runtime.outage import DatabaseOutage
+from acme.workers.runtime.schedules import Scheduler
 from acme.workers.runtime.settings import RuntimeSettings
 from acme.workers.runtime.state import (
     LOOP_LOGGER,
@@ -93,7 +95,8 @@ class WorkerLoop:
 
     `handlers` maps each kind to its handler; `kinds` (default: the handlers' kinds) is what
     the loop claims; an item of a kind without a handler is released with a note. `sweep`
-    and `wake_ups` are run beside the claim loop (None: none; the loop polls). `state`,
+    and `wake_ups` are run beside the claim loop (None: none; the loop polls), and so is
+    `scheduler`, which enqueues the worker's periodic items (None: it has none). `state`,
     `signal`, `outage` and `unwritten` are shared with them (fresh ones by default).
     `clock` is the wall clock (seconds) self-fencing measures with. `hooks`: `ItemHooks`.
     """
@@ -108,6 +111,7 @@ class WorkerLoop:
         metrics: WorkerMetrics,
         sweep: Sweep | None = None,
         wake_ups: WakeUpSubscription[Any] | None = None,
+        scheduler: Scheduler | None = None,
         state: LoopState | None = None,
         signal: ClaimSignal | None = None,
         outage: DatabaseOutage | None = None,
@@ -128,6 +132,7 @@ class WorkerLoop:
         )
         self.sweep = sweep
         self.wake_ups = wake_ups
+        self.scheduler = scheduler
         self.signal = signal or ClaimSignal()
         self.database = outage or DatabaseOutage(settings, self.state)
         self.database.stop = self.stop
@@ -177,6 +182,8 @@ class WorkerLoop:
             others.append(asyncio.create_task(self.wake_ups.run(), name="wake-ups"))
         if self.sweep is not None:
             others.append(asyncio.create_task(self.sweep.run(), name="sweep"))
+        if self.scheduler is not None:
+            others.append(asyncio.create_task(self.scheduler.run(), name="scheduler"))
         try:
             await self._claim_until_stopped()
         finally:

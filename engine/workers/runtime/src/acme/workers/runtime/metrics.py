@@ -102,6 +102,18 @@ class WorkerMetrics:
             ["hook"],
             registry=registry,
         )
+        self.ticks_enqueued = Counter(
+            "worker_schedule_ticks_enqueued",
+            "Schedule ticks this process enqueued (a catch-up included), per schedule",
+            ["schedule"],
+            registry=registry,
+        )
+        self.ticks_missed = Counter(
+            "worker_schedule_ticks_missed",
+            "Schedule ticks passed over while no worker ran, or late past the catch-up horizon",
+            ["schedule"],
+            registry=registry,
+        )
         self.released = Counter(
             "worker_items_released",
             "Items handed back to the queue without spending an attempt",

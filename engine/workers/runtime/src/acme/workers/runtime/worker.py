@@ -1,4 +1,5 @@
-"""One worker bound to the engine: `Worker`, its name, kind, settings, container and hooks.
+"""One worker bound to the engine: `Worker`, its name, kind, settings, container, hooks and
+schedules.
 
 A worker's `loop.py` builds one `Worker` (its `WORKER`), and its `main.py`'s `cli` runs
 `entry.console(WORKER)`. Configuration and the loop it builds, nothing more: this module
@@ -32,6 +33,7 @@ from acme.workers.runtime.loop import WorkerLoop
 from acme.workers.runtime.metrics import WorkerMetrics
 from acme.workers.runtime.outage import DatabaseOutage
 from acme.workers.runtime.queue_stats import OutboxStatsReader
+from acme.workers.runtime.schedules import Schedule, Scheduler, schedules_problem
 from acme.workers.runtime.settings import RuntimeSettings
 from acme.workers.runtime.state import ClaimSignal, LoopState, new_worker_id
 from acme.workers.runtime.sweep import ParkedRecordsResumer, Sweep, UnwrittenWrites
@@ -53,6 +55,7 @@ class Worker:
     `lane` and `capacity` say where it claims and how many items it runs at once.
     `container`: its `RuntimeContainer` subclass, which names its handlers (the loop
     claims the kinds they handle). `hooks`: its own steps around each item (`ItemHooks`).
+    `schedules`: the periodic items of its kind it enqueues (`schedules.Schedule`).
     `runtime_api`: the engine API version it was written against (`API_VERSION`).
     """
 
@@ -61,6 +64,7 @@ class Worker:
     settings: type[RuntimeSettings]
     container: type[RuntimeContainer]
     hooks: ItemHooks = NO_HOOKS
+    schedules: Sequence[Schedule] = ()
     runtime_api: int = API_VERSION
 
     def check_runtime(self, engine_api: int = API_VERSION) -> None:
@@ -71,6 +75,13 @@ class Worker:
                 f"{self.name} needs worker runtime API {self.runtime_api}, but the host's "
                 f"workers/runtime is at API {engine_api}: run `make update-worker NAME={OWNER}`"
             )
+
+    def schedule_problem(self, settings: RuntimeSettings) -> str | None:
+        """Why this worker's schedules cannot run under `settings` (one line naming the
+        schedule, the worker and the fix), or None (`schedules.schedules_problem`)."""
+        return schedules_problem(
+            self.schedules, worker=self.name, kind=self.kind, settings=settings
+        )
 
     def loop(
         self,
@@ -83,10 +94,24 @@ class Worker:
         """This worker's `WorkerLoop` over `container` with its sweep and wake-up
         subscription (`wire_loop`), its metrics on `registry`, the host's parked-record
         resumers and outbox report taking part (each shape checked, and the audit manager's
-        `append_many`: raises `HostContractError`). `overrides` replace any of `wire_loop`'s
-        keyword arguments (`worker_id`, `clock`, `handlers`, `parked`, ...), for tests.
+        `append_many`: raises `HostContractError`), and its `Scheduler` when it declares
+        schedules. `overrides` replace any of `wire_loop`'s keyword arguments (`worker_id`,
+        `clock`, `handlers`, `parked`, `scheduler`, ...), for tests.
         """
         check_audit_batches(container.managers)
+        metrics = WorkerMetrics(registry)
+        scheduler = (
+            Scheduler(
+                worker=self.name,
+                kind=self.kind,
+                schedules=self.schedules,
+                settings=settings,
+                work=container.managers.work,
+                metrics=metrics,
+            )
+            if self.schedules
+            else None
+        )
         arguments: dict[str, Any] = {
             "settings": settings,
             "work": container.managers.work,
@@ -94,7 +119,8 @@ class Worker:
             "cache": container.infra.cache,
             "topics": container.infra.topics,
             "outbox_relay": container.managers.outbox_relay,
-            "metrics": WorkerMetrics(registry),
+            "metrics": metrics,
+            "scheduler": scheduler,
             "parked": parked_record_resumers(container.managers),
             "outbox_stats": outbox_stats_reader(container.managers),
             "hooks": self.hooks,
