@@ -1,7 +1,7 @@
 """`make engine-check`: ruff, format, strict mypy and the engine's tests, read from `engine/`.
 
 The engine imports its host (`acme.om.context`, `acme.infra.container`, ...), so its tests
-run inside one: `.cache/engine-host`, the reference host with one worker rendered, built
+run inside one: `.cache/engine-host`, the reference host with two workers rendered, built
 once and again only when the template's other files, the extensions or the reference host
 change. Every file of `engine/` is linked into it at its own path, so an edit of the engine
 is checked with no render (docs/decisions/0029).
@@ -31,6 +31,8 @@ ENGINE = REPO / "engine"
 HOST = REPO / ".cache" / "engine-host"
 REFERENCE_HOST = REPO / "tests" / "fixtures" / "reference-host"
 WORKER = {"worker_name": "shipment-notifier", "work_kind": "NOTIFY_SHIPMENT"}
+# A second kind in the host, for the engine's tests of a process that runs several.
+SECOND_WORKER = {"worker_name": "invoice-mailer", "work_kind": "SEND_INVOICE"}
 _SKIPPED_PARTS = {".venv", "__pycache__", ".mypy_cache", ".ruff_cache", "node_modules", ".git"}
 _GIT = {
     "GIT_AUTHOR_NAME": "engine-check",
@@ -52,6 +54,7 @@ def host_key() -> str:
             digest.update(path.relative_to(REPO).as_posix().encode())
             digest.update(hashlib.sha256(path.read_bytes()).digest())
     digest.update((REPO / "copier.yml").read_bytes())
+    digest.update(repr((WORKER, SECOND_WORKER)).encode())
     return digest.hexdigest()
 
 
@@ -79,7 +82,7 @@ def _uv_env() -> dict[str, str]:
 
 
 def build_host() -> None:
-    """Render the reference host with one worker into `.cache/engine-host` (when stale)."""
+    """Render the reference host with two workers into `.cache/engine-host` (when stale)."""
     key = host_key()
     stamp = HOST / ".engine-host-key"
     if stamp.is_file() and stamp.read_text() == key:
@@ -105,9 +108,12 @@ def build_host() -> None:
             elif source.is_file():
                 template.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, template / name)
-        copier.run_copy(
-            str(template), str(HOST), data=WORKER, unsafe=True, defaults=True, quiet=True
-        )
+        for worker in (WORKER, SECOND_WORKER):
+            copier.run_copy(
+                str(template), str(HOST), data=worker, unsafe=True, defaults=True, quiet=True
+            )
+            for command in (["git", "add", "-A"], ["git", "commit", "-q", "-m", "worker"]):
+                _run(command, HOST, env)
     _run(["uv", "sync", "--all-packages", "--offline", "--quiet"], HOST, env)
     # pytest-xdist for the check's own run; from the uv cache, never into a user's host.
     xdist = f"pytest-xdist=={_locked_version('pytest-xdist')}"
@@ -152,11 +158,8 @@ def main() -> int:
         # of the parallel run would race to.
         probe = "om/tests/integration/test_work_privileges_postgres.py"
         _run(["uv", "run", "--quiet", "pytest", "-q", "--setup-only", probe], HOST, env, quiet=True)
-    worker_tests = sorted(
-        p.relative_to(HOST)
-        for p in (HOST / "workers").glob("*/tests")
-        if p.parent.name != "runtime"
-    )
+    # The first worker's own tests (the second is there for its kind; its tests are alike).
+    worker_tests = [(HOST / "workers" / WORKER["worker_name"] / "tests").relative_to(HOST)]
     selection = ["-m", "not integration"] if no_pg else []
     extra = shlex.split(os.environ.get("ENGINE_CHECK_ARGS", ""))
     _run(

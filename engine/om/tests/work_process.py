@@ -18,7 +18,7 @@ import time
 from acme.infra.boot import boot
 from acme.om.context import OpContext
 from acme.om.work.types.handler import WorkHandlerInterface
-from acme.om.work.types.work_item import WorkItem
+from acme.om.work.types.work_item import WorkItem, WorkKind
 from acme.workers.runtime.errors import escape_log_output
 from acme.workers.runtime.server import DatabaseOutage, serve
 from acme.workers.runtime.worker import Worker
@@ -82,18 +82,30 @@ def _binding() -> Worker:
     return worker
 
 
+KINDS_VARIABLE = "WORKER_TEST_KINDS"
+"""The kinds `serve_scripted` handles, comma-separated (default: the worker's own)."""
+
+SERVE_KINDS_VARIABLE = "WORKER_TEST_SERVE_KINDS"
+"""The kinds `serve` claims, comma-separated, as `serve --kind` (default: every kind)."""
+
+
 def serve_scripted() -> None:
     """The process tests' worker (`python` this file): `serve` as in production for
     the worker `WORKER_TEST_BINDING` names, with `ScriptedHandler` in place of its
-    handlers."""
+    handlers, one per kind `WORKER_TEST_KINDS` names."""
     worker = _binding()
     settings = worker.settings()
     boot(settings.infra, service_name=worker.name)
     escape_log_output()
     container = worker.container.build(settings)
-    container = dataclasses.replace(container, handlers={worker.kind: ScriptedHandler()})
+    kinds = os.environ.get(KINDS_VARIABLE, str(worker.kind)).split(",")
+    handlers: dict[WorkKind, WorkHandlerInterface] = {
+        WorkKind(kind): ScriptedHandler() for kind in kinds
+    }
+    container = dataclasses.replace(container, handlers=handlers)
+    served = [kind for kind in os.environ.get(SERVE_KINDS_VARIABLE, "").split(",") if kind]
     try:
-        asyncio.run(serve(worker, settings, container))
+        asyncio.run(serve(worker, settings, container, kinds=served))
     except DatabaseOutage as exc:
         sys.exit(f"{worker.name}: {exc}")
 

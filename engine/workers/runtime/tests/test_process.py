@@ -39,7 +39,7 @@ from acme.infra.container import Infra
 from acme.infra.settings import InfraSettings
 from acme.om.context import OpContext, RequestContext
 from acme.om.storage.impl.sql import SqlStorageRoot
-from acme.om.work.types.work_item import WorkItem, WorkStatus
+from acme.om.work.types.work_item import WorkItem, WorkKind, WorkStatus
 from acme.workers.runtime.container import RuntimeContainer
 from acme.workers.runtime.testing import (
     APP,
@@ -705,3 +705,83 @@ async def test_a_paused_lane_with_two_workers_claims_nothing_for_10_s_then_drain
 
     await eventually(drained, 20.0, f"{len(enqueued)} items drained", *pair)
     assert all(pair[0].script_lines("done", item.id) == 1 for item in enqueued)
+
+
+SECOND_KIND = next((kind for kind in WorkKind if kind != PROBE_KIND), None)
+"""A kind beside the probe's (make engine-check renders a host with two)."""
+
+
+async def _enqueue_kind(
+    queue: RuntimeContainer, ctx: OpContext, kind: WorkKind, count: int
+) -> list[WorkItem]:
+    lane = ProbeSettings().lane
+    items = [
+        WorkItem.new(org_id=ctx.org_id, kind=kind, payload=sample_payload(), lane=lane)
+        for _ in range(count)
+    ]
+    return await queue.managers.work.enqueue_many(ctx, items)
+
+
+def _most_at_once(script: Path, items: list[WorkItem]) -> int:
+    """The most of `items` the scripted handler ran at once, read from its start/done log."""
+    ids = {str(item.id) for item in items}
+    running = most = 0
+    for line in script.read_text().splitlines():
+        word, _, item_id = line.partition(" ")
+        if item_id in ids:
+            running += 1 if word == "start" else -1
+            most = max(most, running)
+    return most
+
+
+async def _all_completed(queue: RuntimeContainer, ctx: OpContext, items: list[WorkItem]) -> bool:
+    stored = [await _item(queue, ctx, item.id) for item in items]
+    return all(item.status == WorkStatus.COMPLETED for item in stored)
+
+
+async def test_a_two_kind_worker_drains_both_kinds_each_at_its_own_capacity(
+    queue: RuntimeContainer, tenant: OpContext, workers: Callable[..., WorkerProcess]
+) -> None:
+    assert SECOND_KIND is not None, "the host defines one kind; make engine-check renders two"
+    first = await _enqueue_kind(queue, tenant, PROBE_KIND, 12)
+    second = await _enqueue_kind(queue, tenant, SECOND_KIND, 12)
+    worker = workers(
+        "two-kinds",
+        WORKER_TEST_SECONDS="0.3",
+        WORKER_TEST_KINDS=f"{PROBE_KIND},{SECOND_KIND}",
+        **{
+            f"{PREFIX}CAPACITY": "6",
+            f"{PREFIX}KIND_CAPACITY__{PROBE_KIND}": "2",
+            f"{PREFIX}KIND_CAPACITY__{SECOND_KIND}": "3",
+        },
+    )
+
+    await eventually(
+        lambda: _all_completed(queue, tenant, first + second), 30, "both kinds drained", worker
+    )
+    # Each kind ran at its own capacity, never above it: 2 and 3 of the process's 6 slots.
+    assert _most_at_once(worker.script, first) == 2
+    assert _most_at_once(worker.script, second) == 3
+    assert _most_at_once(worker.script, first + second) == 5
+    assert all(worker.script_lines("done", item.id) == 1 for item in first + second)
+
+
+async def test_serve_with_one_kind_claims_only_that_kind(
+    queue: RuntimeContainer, tenant: OpContext, workers: Callable[..., WorkerProcess]
+) -> None:
+    assert SECOND_KIND is not None, "the host defines one kind; make engine-check renders two"
+    first = await _enqueue_kind(queue, tenant, PROBE_KIND, 3)
+    second = await _enqueue_kind(queue, tenant, SECOND_KIND, 3)
+    worker = workers(
+        "one-kind",
+        WORKER_TEST_KINDS=f"{PROBE_KIND},{SECOND_KIND}",
+        WORKER_TEST_SERVE_KINDS=str(SECOND_KIND),
+    )
+
+    await eventually(lambda: _all_completed(queue, tenant, second), 20, "its kind drained", worker)
+    await asyncio.sleep(5 * float(worker.env[f"{PREFIX}POLL_INTERVAL"]))  # polls that claim
+    for item in first:
+        stored = await _item(queue, tenant, item.id)
+        assert (stored.status, stored.attempts) == (WorkStatus.AVAILABLE, 0)
+        assert worker.script_lines("start", item.id) == 0
+    assert f"serving {SECOND_KIND} on lane" in worker.tail()

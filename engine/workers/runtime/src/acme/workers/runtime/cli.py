@@ -87,7 +87,7 @@ def _one_line(exc: ValidationError, prefix: str = "") -> str:
 
 async def _run_command(worker: Worker, settings: RuntimeSettings, args: argparse.Namespace) -> None:
     if args.command == "serve":
-        await serve(worker, settings)
+        await serve(worker, settings, kinds=args.kind)
     else:
         await run_operator_command(worker, settings, args)
 
@@ -140,7 +140,14 @@ def _parser(worker: Worker, env_prefix: str) -> argparse.ArgumentParser:
         prog=worker.name, description=f"The {worker.name} worker ({worker.kind.value} items)."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("serve", help="run the worker until SIGTERM/SIGINT, then drain")
+    serving = commands.add_parser("serve", help="run the worker until SIGTERM/SIGINT, then drain")
+    serving.add_argument(
+        "--kind",
+        action="append",
+        default=[],
+        metavar="KIND",
+        help="claim only this kind (repeat for more; default: every kind the worker handles)",
+    )
     commands.add_parser("schedules", help="list the worker's schedules and each one's next tick")
 
     enqueue = commands.add_parser("enqueue", help=f"enqueue {worker.kind.value} items (demos, ops)")

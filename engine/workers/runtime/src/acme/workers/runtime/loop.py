@@ -15,6 +15,7 @@ Fencing times come from the injected wall clock (`clock`); lease expiry is the d
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -90,6 +91,14 @@ def span_links(traceparent: str | None) -> list[Link]:
     return [Link(span_context)] if span_context.is_valid else []
 
 
+def _turned(kinds: list[WorkKind], turn: int) -> list[WorkKind]:
+    """`kinds` starting at the `turn`-th (modulo their number)."""
+    if not kinds:
+        return []
+    at = turn % len(kinds)
+    return kinds[at:] + kinds[:at]
+
+
 class WorkerLoop:
     """Claims `(lane, kinds)` and runs each item through its handler; see the module docstring.
 
@@ -140,6 +149,17 @@ class WorkerLoop:
         self._work = work
         self._handlers = dict(handlers)
         self._kinds = list(kinds) if kinds is not None else list(self._handlers)
+        # Several kinds claim one statement each, a kind with a capacity of its own
+        # (`kind_capacity`) up to it, in turns (docs/decisions/0042).
+        self._kind_capacity = {
+            kind: settings.kind_capacity[str(kind)]
+            for kind in self._kinds
+            if str(kind) in settings.kind_capacity
+        }
+        self._turn = 0
+        # Capped kinds whose last claim took all it asked for (or that have not claimed yet):
+        # a slot of theirs that frees claims again even when the rest was found empty.
+        self._maybe_more: set[WorkKind] = set(self._kind_capacity)
         self._policies = policies
         self._clock = clock
         self._hooks = hooks
@@ -246,10 +266,10 @@ class WorkerLoop:
             self.metrics.claiming.set(0 if paused else 1)
             if free > 0 and not paused:
                 wake_ups = signal.wake_ups
-                claimed, unhandled = await self.claim_once(free)
+                empty, more, unhandled = await self._claim_for(free)
                 # Every claim gives its verdict afresh (a failed one gives none).
                 signal.lane_empty = (
-                    claimed < free
+                    empty
                     and not unhandled
                     and signal.wake_ups == wake_ups
                     and self.state.claims_failing_since is None
@@ -259,14 +279,55 @@ class WorkerLoop:
                     # would take it straight back, so wait out the poll interval.
                     await self._sleep_unless_stopped(self.settings.poll_interval)
                     continue
-                if claimed == free:
+                if more:
                     continue  # the lane may hold more: the next pass finds the slots full
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.state.poll_wait_s(self.settings.poll_interval)):
                     await signal.event.wait()
 
-    async def claim_once(self, limit: int) -> tuple[int, int]:
-        """Claim up to `limit` items and start a task for each.
+    async def _claim_for(self, free: int) -> tuple[bool, bool, int]:
+        """Claim for `free` slots. One kind: one `claim_once`. Several: one `claim_once` per
+        kind, each asking for what is left of the process's slots and, for a kind with a
+        capacity of its own, of its own. Those kinds ask first, up to their capacity; the
+        others share what is left. Within each, the first kind asked turns each pass, so
+        none waits behind another (docs/decisions/0042).
+
+        Returns `(empty, more, unhandled)`: whether every claim found fewer items than it
+        asked for (a kind at its own capacity has no say: a slot of its that frees claims
+        again, `_maybe_more`), whether one took all it asked for while it had room left,
+        and how many items were of a kind without a handler.
+        """
+        if len(self._kinds) <= 1:
+            claimed, unhandled = await self.claim_once(free)
+            return claimed < free, claimed == free, unhandled
+        running = collections.Counter(flight.item.kind for flight in self._items.values())
+        self._turn += 1
+        capped = [kind for kind in self._kinds if kind in self._kind_capacity]
+        shared = [kind for kind in self._kinds if kind not in self._kind_capacity]
+        empty, more, unhandled_all = True, False, 0
+        for kind in _turned(capped, self._turn) + _turned(shared, self._turn):
+            cap = self._kind_capacity.get(kind)
+            room = free if cap is None else cap - running[kind]
+            asked = min(room, self.settings.capacity - len(self._items))
+            if asked <= 0:
+                empty = empty and cap is not None and room <= 0  # else the process is full
+                continue
+            claimed, unhandled = await self.claim_once(asked, [kind])
+            unhandled_all += unhandled
+            if cap is not None and claimed == asked:
+                self._maybe_more.add(kind)
+                empty = empty and claimed == room  # at its own capacity now: no say
+            else:
+                self._maybe_more.discard(kind)
+                empty = empty and claimed < asked
+            more = more or (claimed == asked and claimed < room)
+        return empty, more, unhandled_all
+
+    async def claim_once(
+        self, limit: int, kinds: Sequence[WorkKind] | None = None
+    ) -> tuple[int, int]:
+        """Claim up to `limit` items of `kinds` (default: every kind this loop claims) and
+        start a task for each.
 
         Returns `(claimed, unhandled)`: how many came back, and how many of those were of a
         kind without a handler and were released. A failed claim is logged (the first of a
@@ -290,7 +351,7 @@ class WorkerLoop:
                     pairs = await self._work.claim_many(
                         rctx,
                         self.settings.lane,
-                        self._kinds,
+                        self._kinds if kinds is None else kinds,
                         self.worker_id,
                         lease=self.settings.lease,
                         limit=limit,
@@ -632,7 +693,10 @@ class WorkerLoop:
         self._items.pop(flight.item.id, None)
         self.state.in_flight = len(self._items)
         self.metrics.in_flight.set(len(self._items))
-        self.signal.slot_freed()
+        if flight.item.kind in self._maybe_more:
+            self.signal.event.set()  # its kind was at its own capacity, not found empty
+        else:
+            self.signal.slot_freed()
 
     # -- drain -------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterable, Sequence
 
 import uvicorn
 from fastapi import FastAPI, Response
@@ -25,7 +25,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from acme.om.storage.roles import DatabaseRole
+from acme.om.work.types.work_item import WorkKind
 from acme.workers.runtime.audit import GroupCommitAudit
+from acme.workers.runtime.commands import Refused
 from acme.workers.runtime.container import (
     HostContractError,
     RuntimeContainer,
@@ -117,11 +119,18 @@ def _bind(host: str, port: int, env_prefix: str) -> socket.socket:
 
 
 async def serve(
-    worker: Worker, settings: RuntimeSettings, container: RuntimeContainer | None = None
+    worker: Worker,
+    settings: RuntimeSettings,
+    container: RuntimeContainer | None = None,
+    *,
+    kinds: Sequence[str] = (),
 ) -> None:
     """Run `worker` until SIGTERM or SIGINT, then drain and return.
 
     `container` defaults to `worker.container.build(settings)`; it is closed on return.
+    `kinds` names the kinds to claim (`serve --kind`; none: every kind it handles).
+    Raises `Refused` naming the kinds it handles when `kinds` or `kind_capacity` names
+    another, before anything opens;
     Raises `MetricsPortUnavailable` when the metrics port cannot be bound,
     `HostContractError` when a host manager's `resume_parked`, or the outbox relay's
     `outbox_stats`, has a shape the sweep cannot call, `NotMigrated` when the database
@@ -129,11 +138,16 @@ async def serve(
     once the loop stopped itself after `database_outage_limit` seconds without the
     database (it drained first).
     """
-    sock = _bind(settings.metrics_host, settings.metrics_port, settings.env_prefix())
     container = container or worker.container.build(settings)
     try:
+        claimed = serving_kinds(container.handlers, kinds, settings)
+    except Refused:
+        await container.aclose()
+        raise
+    sock = _bind(settings.metrics_host, settings.metrics_port, settings.env_prefix())
+    try:
         down_since = await _refuse_unmigrated(container)
-        loop = worker.loop(container, settings, registry=REGISTRY)
+        loop = worker.loop(container, settings, registry=REGISTRY, kinds=claimed)
         loop.state.database_down_since = down_since  # the outage counts from the start
     except (HostContractError, NotMigrated):
         sock.close()
@@ -153,12 +167,17 @@ async def serve(
     await _warn_unanswered_redis(settings, container)
     parked = parked_record_resumers(container.managers)
     logger.info(
-        "serving %s on lane %r, capacity %d; storage %s; cache and topics %s; wake-ups: %s; "
+        "serving %s on lane %r, capacity %d%s; storage %s; cache and topics %s; wake-ups: %s; "
         "the sweep resumes parked records of: %s; the handlers' audit entries: %s; "
         "/metrics and /healthz on http://%s:%d",
-        ", ".join(str(kind) for kind in container.handlers),
+        ", ".join(str(kind) for kind in claimed),
         settings.lane,
         settings.capacity,
+        "".join(
+            f", {kind} at most {settings.kind_capacity[str(kind)]}"
+            for kind in claimed
+            if str(kind) in settings.kind_capacity
+        ),
         _describe(settings.infra.database_url, f"SQLite {embedded_database_file()} (embedded)"),
         _describe(settings.infra.redis_url, "in memory (embedded, no Redis URL)"),
         _wake_ups(settings, container),
@@ -181,6 +200,28 @@ async def serve(
         await container.aclose()
     if loop.outage is not None:
         raise DatabaseOutage(loop.outage)
+
+
+def serving_kinds(
+    handled: Iterable[WorkKind], named: Sequence[str], settings: RuntimeSettings
+) -> list[WorkKind]:
+    """The kinds `serve` claims: those `named` (`--kind`), else every kind `handled`.
+
+    Raises `Refused` in one line naming the kinds handled when `named` or the settings'
+    `kind_capacity` names a kind not claimed (`RuntimeSettings.kinds_problem`).
+    """
+    handled = list(handled)
+    by_name = {str(kind): kind for kind in handled}
+    unknown = [name for name in named if name.upper() not in by_name]
+    if unknown:
+        raise Refused(
+            f"--kind {unknown[0]}: this worker handles {', '.join(by_name)}; name one of them"
+        )
+    claimed = [by_name[name.upper()] for name in dict.fromkeys(named)] or handled
+    problem = settings.kinds_problem([str(kind) for kind in claimed])
+    if problem is not None:
+        raise Refused(f"invalid settings: {problem}")
+    return claimed
 
 
 class DatabaseOutage(Exception):

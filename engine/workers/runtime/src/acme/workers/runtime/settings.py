@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, ClassVar, Self
 from urllib.parse import urlsplit
@@ -136,12 +136,22 @@ class RuntimeSettings(BaseSettings):
     Raises `pydantic.ValidationError` at start, naming the field and what is wrong with it.
     """
 
-    model_config = SettingsConfigDict(env_prefix="WORKER_", extra="ignore", frozen=True)
+    # `__` reads a mapping one entry a variable: `<PREFIX>KIND_CAPACITY__SEND_INVOICE=4`.
+    model_config = SettingsConfigDict(
+        env_prefix="WORKER_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
     service_name: ClassVar[str] = "worker"
     """The worker's name: its console command, its service name, its `AppContext` version."""
 
     lane: str = "default"
     capacity: Count = Field(default=10, description="items handled at once")
+    kind_capacity: dict[str, Count] = Field(
+        default_factory=dict,
+        description=(
+            "items of one kind handled at once, within `capacity` (KIND_CAPACITY__<KIND>); "
+            "a kind not named shares what the others leave"
+        ),
+    )
     lease: Seconds = Field(default=30.0, gt=0, description="lease length per claim, seconds")
     heartbeat_interval: Seconds = Field(default=5.0, gt=0, description="seconds between beats")
     heartbeat_failure_limit: Count = Field(
@@ -217,6 +227,30 @@ class RuntimeSettings(BaseSettings):
         if problem is not None:
             raise ValueError(f"lane {problem}")
         return value
+
+    @field_validator("kind_capacity", mode="before")
+    @classmethod
+    def _kinds_in_capitals(cls, value: object) -> object:
+        """Environment variables are read case-blind, so a kind's key arrives in lower case;
+        kinds are UPPER_SNAKE (`WorkKind`)."""
+        if isinstance(value, Mapping):
+            return {str(kind).upper(): count for kind, count in value.items()}
+        return value
+
+    def kinds_problem(self, handled: Sequence[str]) -> str | None:
+        """Why `kind_capacity` does not fit the kinds this process runs (`handled`), or None:
+        a kind it does not run, or a capacity above `capacity` (docs/operations.md, "Kinds")."""
+        for kind, count in sorted(self.kind_capacity.items()):
+            variable = f"{self.env_prefix()}KIND_CAPACITY__{kind}"
+            if kind not in handled:
+                runs = ", ".join(handled)
+                return f"{variable} names a kind this process does not run (it runs {runs})"
+            if count > self.capacity:
+                return (
+                    f"{variable} is {count}, above {self.env_prefix()}CAPACITY ({self.capacity}), "
+                    "the items the whole process handles at once: lower it or raise the capacity"
+                )
+        return None
 
     @field_validator("operator", mode="before")
     @classmethod
@@ -313,8 +347,8 @@ class RuntimeSettings(BaseSettings):
             if not variable.upper().startswith(prefix):
                 continue
             rest = variable.upper()[len(prefix) :]
-            if rest in names:
-                continue
+            if rest in names or rest.partition("__")[0] in names:
+                continue  # a setting, or one entry of a mapping (`KIND_CAPACITY__<KIND>`)
             close = difflib.get_close_matches(rest, names, n=1, cutoff=0.8)
             if close:
                 return f"{variable} is not a setting; did you mean {prefix}{close[0]}?"
