@@ -202,6 +202,8 @@ def preflight(context: dict[str, Any]) -> str:
             f"{dst} is not a host root: {'; '.join(facts.problems)} "
             "(see docs/host-contract.md; run copier from the root of the monorepo)"
         )
+    if context.get("added_kind") is True:
+        return kind_preflight(context, dst, facts, worker, kind, lane)
     answers = Path("workers") / worker / hostfacts.ANSWERS_NAME
     if (dst / answers).is_file():
         raise UserMessageError(
@@ -264,6 +266,68 @@ def preflight(context: dict[str, Any]) -> str:
         "host_root": facts.root,
         "namespace_absent": facts.namespace_absent,
         "migration_stamp": str((_conf(context, "data") or {}).get("migration_stamp") or "0" * 14),
+    }
+    paths = patcher.touched_paths(dst, copy_answers)
+    for problem in (symlink_problems(dst, paths), worktree_problems(dst, paths)):
+        if problem:
+            raise UserMessageError(problem)
+    return str(facts.root)
+
+
+def kind_preflight(
+    context: dict[str, Any], dst: Path, facts: Any, worker: str, kind: str, lane: str
+) -> str:
+    """The checks of a kind added to the existing worker `worker` (copier.yml `added_kind`,
+    `make add-kind`); returns the host's package root, or raises `UserMessageError` in one
+    line: no such worker, a worker that predates added kinds, the kind taken (by any worker,
+    this one included), a lane other than the worker's, a name the kind derives that the
+    host has, a host file a fragment needs, uncommitted files the copy writes."""
+    answers = dst / "workers" / worker / hostfacts.ANSWERS_NAME
+    recorded = _recorded_answers(answers)
+    if recorded is None:
+        known = ", ".join(sorted(facts.workers)) or "none"
+        raise UserMessageError(
+            f"added_kind: no worker {worker!r} to add {kind} to (workers: {known}); "
+            f"add a worker with copier copy ... -d worker_name={worker} -d work_kind={kind}"
+        )
+    holder = facts.kinds.get(kind)
+    if holder is not None:
+        raise UserMessageError(
+            f"work_kind {kind!r} is already handled ({holder}); a kind has one worker: remove "
+            "it there first (make remove-kind, or make remove-worker for a worker's own kind)"
+        )
+    module = naming.derive_names(worker_name=worker, work_kind=kind)["worker_module"]
+    package = dst / "workers" / worker / "src" / facts.root / "workers" / module / "kinds"
+    if not (package / "__init__.py").is_file():
+        raise UserMessageError(
+            f"worker {worker} predates kinds added to a worker: make update-worker "
+            f"NAME={worker}, commit, then add the kind"
+        )
+    own_lane = str(recorded.get("lane") or "default")
+    if lane != own_lane:
+        raise UserMessageError(
+            f"lane {lane!r}: a kind added to {worker} is claimed on its lane, {own_lane!r}; "
+            f"drop -d lane or give -d lane={own_lane}"
+        )
+    own = settings_clashes(worker, facts.workers)  # the worker's own names: it exists
+    clashes = [c for c in derived_collisions(dst, facts, worker, kind) if c not in own]
+    if clashes:
+        raise UserMessageError("; ".join(clashes))
+    spec = patcher.Spec(
+        worker_name=worker, work_kind=kind, lane=lane, host_root=facts.root,
+        namespace_absent=False, added_kind=True,
+    )  # fmt: skip
+    missing = patcher.check_host(dst, spec)
+    if missing:
+        raise UserMessageError(
+            "the host lacks what the kind's fragments need: " + "; ".join(missing)
+        )
+    copy_answers = {
+        "worker_name": worker,
+        "work_kind": kind,
+        "lane": lane,
+        "host_root": facts.root,
+        "added_kind": True,
     }
     paths = patcher.touched_paths(dst, copy_answers)
     for problem in (symlink_problems(dst, paths), worktree_problems(dst, paths)):

@@ -8,6 +8,8 @@ Run from anywhere inside the host repository (the Makefile targets call it):
     python3 scripts/workers.py update-all [--commit]       every worker (make update-workers)
     python3 scripts/workers.py check-update                workers behind the template
     python3 scripts/workers.py remove <name>               fragments reversed, files removed
+    python3 scripts/workers.py add-kind <name> <KIND>      a kind added to a worker (copier copy)
+    python3 scripts/workers.py remove-kind <name> <KIND>   that kind's fragments and files removed
     python3 scripts/workers.py rename <old> <new>          files, answers and fragments moved
     python3 scripts/workers.py restore <name> <path> [--force]  a deleted worker file rendered again
     python3 scripts/workers.py check-env                   .env lines at a default since changed
@@ -108,6 +110,23 @@ def read_answers(path: Path) -> dict[str, object]:
     return answers
 
 
+def answers_path(worker: str, kind: str | None = None) -> str:
+    """`workers/<worker>/.copier-answers.yml`, or for a kind added to it (`add-kind`)
+    `workers/<worker>/.copier-answers.<kind in lower case>.yml` (copier.yml `_answers_file`)."""
+    suffix = f".{kind.lower()}" if kind else ""
+    return f"workers/{worker}/.copier-answers{suffix}.yml"
+
+
+def added_kinds(root: Path, name: str) -> dict[str, Path]:
+    """The kinds added to worker `name` (`add-kind`), each with its answers file."""
+    found: dict[str, Path] = {}
+    for path in sorted((root / "workers" / name).glob(".copier-answers.*.yml")):
+        answers = read_answers(path)
+        if answers.get("added_kind") is True and answers.get("work_kind"):
+            found[str(answers["work_kind"])] = path
+    return found
+
+
 def answers_file(root: Path, name: str) -> Path:
     """`workers/<name>/.copier-answers.yml`, or `RefusedError` naming the workers there are."""
     path = root / "workers" / name / ANSWERS
@@ -154,7 +173,7 @@ def kind_line(kind: str, worker: str) -> str:
 def kind_entries(root: Path) -> dict[str, str]:
     """Every worker's kind and name as `work/README.md` lists them: the namespace owner
     first, then the others in the order they were copied (their `metrics_port` answers)."""
-    rows: list[tuple[bool, int, str, str]] = []
+    rows: list[tuple[bool, int, str, bool, str]] = []
     for path in sorted(root.glob(f"workers/*/{ANSWERS}")):
         answers = read_answers(path)
         kind, port = answers.get("work_kind"), answers.get("metrics_port")
@@ -162,10 +181,11 @@ def kind_entries(root: Path) -> dict[str, str]:
             continue
         owner = answers.get("namespace_absent") is True
         order = port if isinstance(port, int) else 1 << 30
-        rows.append(
-            (not owner, order, str(answers.get("worker_name", path.parent.name)), str(kind))
-        )
-    return {kind: name for _, _, name, kind in sorted(rows)}
+        name = str(answers.get("worker_name", path.parent.name))
+        rows.append((not owner, order, name, False, str(kind)))
+        # the kinds added to it follow its own, in the order of their names
+        rows += [(not owner, order, name, True, added) for added in added_kinds(root, name)]
+    return {kind: name for _, _, name, _, kind in sorted(rows)}
 
 
 def kinds_region(root: Path) -> list[str]:
@@ -389,11 +409,13 @@ def is_behind(recorded: str, target: str, refs: dict[str, str]) -> bool:
 # --- update ---------------------------------------------------------------------------------
 
 
-def update(root: Path, name: str, ref: str | None = None) -> int:
-    """`copier update` of one worker from the host root; see the module docstring."""
+def update(root: Path, name: str, ref: str | None = None, *, commit: bool = False) -> int:
+    """`copier update` of one worker from the host root, then of each kind added to it to
+    the same version (each needs a clean tree: with `commit` each step is committed, else
+    the user commits and runs it again); see the module docstring."""
     path = answers_file(root, name)
     require_clean(root)
-    copier = copier_cmd()
+    copier_cmd()
     answers = read_answers(path)
     recorded = str(answers.get("_commit", ""))
     src = template_source(root, path, answers)
@@ -413,8 +435,48 @@ def update(root: Path, name: str, ref: str | None = None) -> int:
             f"{newest}); give a tag, a branch, a commit, HEAD or :current:"
         )
     print(f"==> worker {name}: updating from {recorded} to {ref} ({src})", flush=True)
+    status = _copier_update(root, path, ref, f"worker {name}")
+    if status != OK:
+        return status
+    after = str(read_answers(path).get("_commit", recorded))
+    pending = [
+        kind
+        for kind, kind_path in added_kinds(root, name).items()
+        if read_answers(kind_path).get("_commit") != after
+    ]
+    if pending and commit:
+        _commit(root, f"Update worker {name} to template {after}")
+    if pending and changes(root):
+        print(
+            f"==> worker {name}: commit, then run the update again: it brings the kinds added "
+            f"to it ({', '.join(pending)}) to {after} (copier updates a clean tree only)"
+        )
+        return OK
+    for kind in pending:
+        kind_path = added_kinds(root, name)[kind]
+        print(f"==> kind {kind} of worker {name}: updating to {after}", flush=True)
+        status = _copier_update(root, kind_path, after, f"kind {kind} of worker {name}")
+        if status != OK:
+            return status
+        if commit and changes(root):
+            _commit(root, f"Update kind {kind} of worker {name} to template {after}")
+        elif changes(root) and kind != pending[-1]:
+            print(f"==> kind {kind}: commit, then run the update again for the next kind")
+            return OK
+    return OK
+
+
+def _commit(root: Path, message: str) -> None:
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", message)
+    print(f"==> committed: {message}")
+
+
+def _copier_update(root: Path, path: Path, ref: str, what: str) -> int:
+    """`copier update` of one answers file (a worker's or an added kind's) to `ref`, then
+    the conflicts it left reported; OK, REFUSED (copier failed) or CONFLICTS."""
     cmd = [
-        *copier,
+        *copier_cmd(),
         "update",
         "--trust",
         "--defaults",
@@ -426,16 +488,17 @@ def update(root: Path, name: str, ref: str | None = None) -> int:
         str(path.relative_to(root)),
     ]
     env = {**os.environ, HELPER_REPORTS: "1"}
+    recorded = str(read_answers(path).get("_commit", ""))
     done = subprocess.run(cmd, check=False, cwd=root, env=env)
     if done.returncode != 0:
-        print(f"==> worker {name}: copier update failed (exit {done.returncode})", file=sys.stderr)
+        print(f"==> {what}: copier update failed (exit {done.returncode})", file=sys.stderr)
         return REFUSED
     for settled in settle_kinds(root):
         print(f"    settled  {settled}: the kinds list written from the workers' answers")
     found = conflicts(root)
     changed = changes(root)
     if found:
-        print(f"==> worker {name}: {len(found)} conflict(s) to resolve:", file=sys.stderr)
+        print(f"==> {what}: {len(found)} conflict(s) to resolve:", file=sys.stderr)
         for item in found:
             print(f"      {item}", file=sys.stderr)
         print(
@@ -445,9 +508,9 @@ def update(root: Path, name: str, ref: str | None = None) -> int:
         return CONFLICTS
     after = str(read_answers(path).get("_commit", recorded))
     if changed:
-        print(f"==> worker {name}: {after}, {len(changed)} file(s) changed (untracked included)")
+        print(f"==> {what}: {after}, {len(changed)} file(s) changed (untracked included)")
     else:
-        print(f"==> worker {name}: up to date at {after}")
+        print(f"==> {what}: up to date at {after}")
     return OK
 
 
@@ -484,16 +547,14 @@ def update_all(root: Path, commit: bool) -> int:
         return OK
     require_clean(root)
     for i, name in enumerate(names):
-        status = update(root, name)
+        status = update(root, name, commit=commit)
         if status != OK:
             return status
         if not changes(root):
             continue
         if commit:
             after = read_answers(answers_file(root, name)).get("_commit", "")
-            git(root, "add", "-A")
-            git(root, "commit", "-q", "-m", f"Update worker {name} to template {after}")
-            print(f"==> worker {name}: committed")
+            _commit(root, f"Update worker {name} to template {after}")
             continue
         rest = names[i + 1 :]
         if rest:
@@ -674,6 +735,24 @@ def env_regions(lines: list[str], worker: str) -> list[Region]:
     return []
 
 
+def kind_env_header(kind: str, worker: str) -> str:
+    """The header of a kind's `.env.example` block when the kind was added to `worker`."""
+    return f"# --- kind {kind} of worker {worker} ---"
+
+
+def kind_env_regions(lines: list[str], kind: str, worker: str) -> list[Region]:
+    """`.env.example`: an added kind's header and the lines after it up to a blank line or
+    the next `# --- ` header."""
+    header = kind_env_header(kind, worker)
+    for i, line in enumerate(lines):
+        if line.strip() == header:
+            end = i + 1
+            while end < len(lines) and lines[end].strip() and not lines[end].startswith("# --- "):
+                end += 1
+            return [Region("kind env block", i, end, _gap(lines, i))]
+    return []
+
+
 def dev_regions(lines: list[str], worker: str) -> list[Region]:
     """`scripts/dev.sh`: the worker's `run <name> ...` line."""
     return [
@@ -760,6 +839,22 @@ def worker_regions(
     }
 
 
+def kind_regions(
+    host_root: str, worker: str, kind: str
+) -> dict[str, Callable[[list[str]], list[Region]]]:
+    """Every shared file that holds line regions of a kind added to `worker` (`add-kind`):
+    its `.env.example` block, its line in `work/README.md`, its rows in `kinds.py`."""
+    names = names_of(worker, kind)
+    work = f"om/src/{host_root}/om/work"
+    return {
+        ".env.example": lambda lines: kind_env_regions(lines, kind, worker),
+        f"{work}/README.md": lambda lines: work_readme_regions(lines, kind, worker),
+        f"{work}/types/kinds.py": lambda lines: kinds_regions(
+            lines, kind, names["kind_snake"], names["payload_class"]
+        ),
+    }
+
+
 def cut_regions(text: str, regions: list[Region], *, with_gap: bool = True) -> str:
     """`text` without the lines of `regions` (and, with `with_gap`, the blank line before
     each region that had one)."""
@@ -833,11 +928,119 @@ def _set_answer(text: str, key: str, line: str) -> str:
     return re.sub(rf"^{re.escape(key)}:.*$", line.rstrip("\n"), text, count=1, flags=re.MULTILINE)
 
 
+# --- kinds added to a worker ---------------------------------------------------------------
+
+
+def kind_module(root: Path, answers: dict[str, object]) -> Path:
+    """The worker's `kinds/` package, where each added kind's handler module goes."""
+    names = names_of(str(answers["worker_name"]), str(answers["work_kind"]))
+    package = f"src/{answers['host_root']}/workers/{names['worker_module']}/kinds"
+    return root / "workers" / str(answers["worker_name"]) / package
+
+
+def add_kind(root: Path, name: str, kind: str) -> int:
+    """`copier copy` of the kind subtree for worker `name` at the worker's own template
+    version (copier.yml `added_kind`): the kind's answers file, files and fragments."""
+    path = answers_file(root, name)
+    holder = kind_entries(root).get(kind)
+    if holder is not None:
+        raise RefusedError(
+            f"kind {kind} is already handled by the {holder} worker; a kind has one worker "
+            f"(remove it there first: make remove-kind NAME={holder} KIND={kind})"
+        )
+    require_clean(root)
+    answers = read_answers(path)
+    if not kind_module(root, answers).joinpath("__init__.py").is_file():
+        raise RefusedError(
+            f"worker {name} predates kinds added to a worker: update it first "
+            f"(make update-worker NAME={name}), commit, then add the kind"
+        )
+    src = template_source(root, path, answers)
+    commit = str(answers.get("_commit") or "")
+    if not src or not commit:
+        raise RefusedError(f"{path.relative_to(root)} has no _src_path/_commit: not made by copier")
+    lane = str(answers.get("lane") or "default")
+    print(f"==> kind {kind}: adding it to worker {name} at {commit} ({src})", flush=True)
+    cmd = [*copier_cmd(), "copy", "--trust", "--defaults", "--vcs-ref", commit]
+    for key, value in (
+        ("worker_name", name),
+        ("work_kind", kind),
+        ("lane", lane),
+        ("added_kind", "true"),
+    ):
+        cmd += ["--data", f"{key}={value}"]
+    done = subprocess.run([*cmd, src, "."], check=False, cwd=root)
+    if done.returncode != 0:
+        print(f"==> kind {kind}: copier copy failed (exit {done.returncode})", file=sys.stderr)
+        return REFUSED
+    print(
+        f"==> kind {kind} added to worker {name}: its handler is "
+        f"{kind_module(root, answers).relative_to(root)}/{kind.lower()}.py; review, "
+        "`uv sync --all-packages`, commit"
+    )
+    return OK
+
+
+def _kind_files(root: Path, worker: str, kind: str, answers: dict[str, object]) -> list[Path]:
+    """The files the kind subtree rendered for `kind` of `worker` (the kind's answers too)."""
+    snake = names_of(worker, kind)["kind_snake"]
+    work = root / "om" / "src" / str(answers["host_root"]) / "om" / "work"
+    return [
+        work / "enqueuers" / f"{snake}.py",
+        work / "types" / "payloads" / f"{snake}.py",
+        root / "om" / "tests" / "unit" / f"test_enqueue_{snake}.py",
+        kind_module(root, answers) / f"{snake}.py",
+        root / "workers" / worker / "tests" / f"test_kind_{snake}.py",
+        root / answers_path(worker, kind),
+    ]
+
+
+def _remove_kind(root: Path, worker: str, kind: str, path: Path) -> list[str]:
+    """Cut the kind's regions (`kind_regions`) and delete its files; the paths changed."""
+    answers = read_answers(path)
+    touched: list[str] = []
+    for rel, find in kind_regions(str(answers["host_root"]), worker, kind).items():
+        target = root / rel
+        if target.is_file():
+            old = target.read_text(encoding="utf-8")
+            _write(target, old, _cut_found(old, find), touched, root)
+    for target in _kind_files(root, worker, kind, answers):
+        if target.is_file():
+            target.unlink()
+            touched.append(str(target.relative_to(root)))
+    return touched
+
+
+def remove_kind(root: Path, name: str, kind: str) -> int:
+    """Take a kind added to worker `name` away: its fragments and its files."""
+    answers_file(root, name)
+    added = added_kinds(root, name)
+    if kind not in added:
+        known = ", ".join(added) or "none"
+        raise RefusedError(f"no kind {kind} added to worker {name} (kinds added to it: {known})")
+    require_clean(root)
+    touched = _remove_kind(root, name, kind, added[kind])
+    print(f"==> kind {kind} removed from worker {name}; review with `git status`, then commit:")
+    for item in touched:
+        print(f"      {item}")
+    print(
+        f"==> items of {kind} still in a database stay there, stranded: `uv run --all-packages "
+        f"{name} items list --any-kind` lists them and `... items discard ID --org ORG` "
+        "removes each (docs/updating.md)"
+    )
+    return OK
+
+
 def remove(root: Path, name: str) -> int:
     """Remove a worker: its files, its kind, its fragments; hand the namespace on if it owns it."""
     path = answers_file(root, name)
     require_clean(root)
     answers = read_answers(path)
+    kinds_gone = [
+        touched
+        for kind, kind_path in added_kinds(root, name).items()
+        for touched in _remove_kind(root, name, kind, kind_path)
+    ]
     others = [w for w in all_workers(root) if w != name]
     if answers.get("namespace_absent") is True:
         if not others:
@@ -892,7 +1095,7 @@ def remove(root: Path, name: str) -> int:
             target.unlink()
         touched.append(str(target.relative_to(root)))
     print(f"==> worker {name} removed; review with `git status`, then commit:")
-    for item in touched:
+    for item in dict.fromkeys(kinds_gone + touched):
         print(f"      {item}")
     kind = answers["work_kind"]
     print(
@@ -1250,6 +1453,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check-update", help="list the workers behind the template")
     p = sub.add_parser("remove", help="remove a worker and its fragments")
     p.add_argument("name")
+    p = sub.add_parser("add-kind", help="add a kind to an existing worker")
+    p.add_argument("name")
+    p.add_argument("kind", help="UPPER_SNAKE, e.g. SEND_RECEIPT")
+    p = sub.add_parser("remove-kind", help="take a kind added to a worker away")
+    p.add_argument("name")
+    p.add_argument("kind")
     p = sub.add_parser("rename", help="rename a worker")
     p.add_argument("old")
     p.add_argument("new")
@@ -1269,6 +1478,10 @@ def main(argv: list[str] | None = None) -> int:
             return check_update(root)
         if args.command == "remove":
             return remove(root, args.name)
+        if args.command == "add-kind":
+            return add_kind(root, args.name, args.kind)
+        if args.command == "remove-kind":
+            return remove_kind(root, args.name, args.kind)
         if args.command == "rename":
             return rename(root, args.old, args.new)
         if args.command == "check-env":

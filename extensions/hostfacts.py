@@ -268,6 +268,13 @@ def _discover(dst: str, fingerprint: tuple[object, ...]) -> HostFacts:
         recorded = answers.get("work_kind")
         if isinstance(recorded, str):
             kinds[recorded] = f"workers/{name}"
+    for added in sorted(path.glob("workers/*/.copier-answers.*.yml")):  # kinds added to one
+        try:
+            data = yaml.safe_load(added.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError, OSError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("work_kind"), str):
+            kinds[data["work_kind"]] = f"workers/{added.parent.name}"
     return HostFacts(
         path=path,
         problems=tuple(problems),

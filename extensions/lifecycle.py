@@ -112,6 +112,8 @@ MAKE_TARGETS = (
     "update-workers",
     "check-update",
     "remove-worker",
+    "add-kind",
+    "remove-kind",
     "rename-worker",
     "restore-worker-file",
     "check-worker-env",
@@ -137,8 +139,14 @@ update-workers:  ## every worker, one at a time; COMMIT=1 commits each worker's 
 check-update:  ## list the workers behind the template (STRICT=1 fails when any is)
 \t@$(WORKERS_PY) check-update; $(WORKERS_EXIT)
 
-remove-worker:  ## NAME=<worker>: its files, kind and fragments removed
+remove-worker:  ## NAME=<worker>: its files, kinds and fragments removed
 \t@$(WORKERS_PY) remove "$(NAME)"; $(WORKERS_EXIT)
+
+add-kind:  ## NAME=<worker> KIND=<KIND>: the worker handles one more kind
+\t@$(WORKERS_PY) add-kind "$(NAME)" "$(KIND)"; $(WORKERS_EXIT)
+
+remove-kind:  ## NAME=<worker> KIND=<KIND>: a kind added to it, taken away
+\t@$(WORKERS_PY) remove-kind "$(NAME)" "$(KIND)"; $(WORKERS_EXIT)
 
 rename-worker:  ## NAME=<worker> TO=<new-name>
 \t@$(WORKERS_PY) rename "$(NAME)" "$(TO)"; $(WORKERS_EXIT)

@@ -100,6 +100,12 @@ WORKER_SETTINGS: tuple[tuple[str, str], ...] = (
 )
 # Fields that are not the worker's own variables: `infra` is the shared `<ROOT>_` block.
 SHARED_SETTINGS = frozenset({"infra"})
+# Fields read one variable per kind (`<PREFIX>KIND_CAPACITY__<KIND>`): an added kind's
+# `.env.example` block names its own (`kind_env_block`).
+KIND_SETTINGS = frozenset({"kind_capacity"})
+# An added kind's capacity in `.env.example`: half the worker's default capacity, so the
+# worker's own kind keeps slots while the added one is busy (docs/operations.md, "Kinds").
+ADDED_KIND_CAPACITY = 5
 # Each worker's local metrics port: the first gets 9100, the next 9101, ..., so every worker
 # scripts/dev.sh starts can serve /metrics beside the others.
 METRICS_PORT_BASE = 9100
@@ -137,6 +143,7 @@ class Spec:
     storage_has_claim_many: bool = False
     metrics_port: int | None = None
     line_length: int = 88  # the host's `[tool.ruff] line-length` (`line_length(host)`)
+    added_kind: bool = False  # a kind added to the existing worker `worker_name`
 
     @classmethod
     def from_answers(cls, answers: dict[str, Any]) -> Spec:
@@ -148,6 +155,7 @@ class Spec:
             namespace_absent=bool(answers.get("namespace_absent")),
             container=bool(answers.get("container")),
             metrics_port=int(answers["metrics_port"]) if answers.get("metrics_port") else None,
+            added_kind=answers.get("added_kind") is True,
         )
 
     @property
@@ -970,6 +978,25 @@ def edit_env(text: str, spec: Spec, limit: int) -> str:
     return text + sep + env_block(spec, port)
 
 
+def kind_env_block(spec: Spec) -> str:
+    """The `.env.example` block of a kind added to a worker: a header naming both, then the
+    kind's capacity under the worker's prefix (`host_workers.kind_env_regions` finds it)."""
+    prefix = spec.names["worker_env_prefix"]
+    return (
+        f"{host_workers.kind_env_header(spec.work_kind, spec.worker_name)}\n"
+        f"{prefix}KIND_CAPACITY__{spec.work_kind}={ADDED_KIND_CAPACITY}\n"
+    )
+
+
+def edit_kind_env(text: str, spec: Spec, limit: int) -> str:
+    """`.env.example`: the added kind's block, after everything else."""
+    header = host_workers.kind_env_header(spec.work_kind, spec.worker_name)
+    if any(line.strip() == header for line in text.splitlines()):
+        return text
+    sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+    return text + sep + kind_env_block(spec)
+
+
 def create_om_readme(spec: Spec) -> str:
     """A host without `om/README.md` gets one that starts the list of namespaces."""
     return f"# {spec.pkg}: the operational model\n\nOne namespace per folder:\n\n"
@@ -1014,9 +1041,18 @@ def edit_work_readme(text: str, spec: Spec, limit: int) -> str:
 
 
 def fragments(spec: Spec) -> list[Fragment]:
-    """The fragments this worker applies, in order (namespace rows only for its owner)."""
+    """The fragments this worker applies, in order (namespace rows only for its owner); a
+    kind added to a worker applies its kind's alone."""
     om = spec.om
     infra = f"infra/src/{spec.host_root}/infra"
+    if spec.added_kind:
+        return [
+            Fragment(
+                "work kind", lambda s: f"{om}/work/types/kinds.py", edit_kinds, create=create_kinds
+            ),
+            Fragment("kind env example", lambda s: ".env.example", edit_kind_env),
+            Fragment("work readme", lambda s: f"{om}/work/README.md", edit_work_readme),
+        ]
     plan = [
         Fragment("workspace member", lambda s: "pyproject.toml", edit_workspace),
         Fragment(
@@ -1173,6 +1209,7 @@ def apply(host: Path, spec: Spec, *, skip: frozenset[str] = frozenset()) -> list
 
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "template"
+KIND_DIR = TEMPLATE_DIR.with_name("kind")  # a kind added to a worker (copier.yml `added_kind`)
 
 
 def rendered_paths(answers: dict[str, Any]) -> list[str]:
@@ -1187,16 +1224,18 @@ def rendered_paths(answers: dict[str, Any]) -> list[str]:
         worker_name=str(answers.get("worker_name") or ""),
         work_kind=str(answers.get("work_kind") or ""),
     )
-    answers_file = f"workers/{answers.get('worker_name')}/{hostfacts.ANSWERS_NAME}"
+    added = answers.get("added_kind") is True
+    answers_file = host_workers.answers_path(
+        str(answers.get("worker_name")), str(answers.get("work_kind")) if added else None
+    )
     context = {**answers, **names, "_copier_conf": {"answers_file": answers_file}}
     env = jinja2.Environment(undefined=jinja2.ChainableUndefined)
     found: set[str] = set()
-    for path in sorted(TEMPLATE_DIR.rglob("*")):
+    root = KIND_DIR if added else TEMPLATE_DIR
+    for path in sorted(root.rglob("*")):
         if path.is_dir() or "__pycache__" in path.parts:
             continue
-        parts = [
-            env.from_string(part).render(context) for part in path.relative_to(TEMPLATE_DIR).parts
-        ]
+        parts = [env.from_string(part).render(context) for part in path.relative_to(root).parts]
         parts[-1] = parts[-1].removesuffix(".jinja")
         if any(not part for part in parts) or path.suffix in {".pyc", ".pyo"}:
             continue
@@ -1431,7 +1470,11 @@ def merge_regions(host: Path, spec: Spec, previous: Previous) -> tuple[list[str]
         old_spec = dataclasses.replace(old_spec, storage_has_claim_many=spec.storage_has_claim_many)
     changed: list[str] = []
     conflicted: list[str] = []
-    regions = host_workers.worker_regions(spec.host_root, spec.worker_name, spec.work_kind)
+    regions = (
+        host_workers.kind_regions(spec.host_root, spec.worker_name, spec.work_kind)
+        if spec.added_kind
+        else host_workers.worker_regions(spec.host_root, spec.worker_name, spec.work_kind)
+    )
     for rel, find in regions.items():
         path = host / rel
         if not path.is_file():

@@ -264,7 +264,7 @@ def _fields(path: Path, name: str) -> list[str]:
         if isinstance(s, ast.AnnAssign)
         and isinstance(s.target, ast.Name)
         and "ClassVar" not in ast.unparse(s.annotation)
-        and s.target.id not in patcher.SHARED_SETTINGS
+        and s.target.id not in patcher.SHARED_SETTINGS | patcher.KIND_SETTINGS
     ]
 
 

@@ -91,10 +91,15 @@ def test_serve_claims_the_kinds_named_and_refuses_one_it_does_not_handle(
     )
 
 
-def test_serve_refuses_a_kind_capacity_for_a_kind_it_does_not_claim(second: WorkKind) -> None:
+def test_serve_refuses_a_kind_capacity_for_a_kind_it_does_not_handle(second: WorkKind) -> None:
     settings = make_settings(PROBE, kind_capacity={second.value: 2})
-    with pytest.raises(Refused, match=rf"^invalid settings: {PREFIX}KIND_CAPACITY__{second}"):
-        serving_kinds([PROBE_KIND, second], [PROBE_KIND.value], settings)
+    assert serving_kinds([PROBE_KIND, second], [PROBE_KIND.value], settings) == [PROBE_KIND]
+    with pytest.raises(Refused) as refused:
+        serving_kinds([PROBE_KIND], [], settings)
+    assert str(refused.value) == (
+        f"invalid settings: {PREFIX}KIND_CAPACITY__{second} names a kind this worker does "
+        f"not handle ({PROBE_KIND})"
+    )
 
 
 async def test_each_kind_runs_at_most_its_own_capacity_and_the_process_at_most_its_own(

@@ -208,7 +208,8 @@ def serving_kinds(
     """The kinds `serve` claims: those `named` (`--kind`), else every kind `handled`.
 
     Raises `Refused` in one line naming the kinds handled when `named` or the settings'
-    `kind_capacity` names a kind not claimed (`RuntimeSettings.kinds_problem`).
+    `kind_capacity` names a kind not handled (`RuntimeSettings.kinds_problem`); a capacity
+    of a kind handled but not named stays unused, so one `.env` serves every subset.
     """
     handled = list(handled)
     by_name = {str(kind): kind for kind in handled}
@@ -218,7 +219,7 @@ def serving_kinds(
             f"--kind {unknown[0]}: this worker handles {', '.join(by_name)}; name one of them"
         )
     claimed = [by_name[name.upper()] for name in dict.fromkeys(named)] or handled
-    problem = settings.kinds_problem([str(kind) for kind in claimed])
+    problem = settings.kinds_problem(list(by_name))
     if problem is not None:
         raise Refused(f"invalid settings: {problem}")
     return claimed

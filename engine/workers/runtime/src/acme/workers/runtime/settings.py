@@ -238,13 +238,14 @@ class RuntimeSettings(BaseSettings):
         return value
 
     def kinds_problem(self, handled: Sequence[str]) -> str | None:
-        """Why `kind_capacity` does not fit the kinds this process runs (`handled`), or None:
-        a kind it does not run, or a capacity above `capacity` (docs/operations.md, "Kinds")."""
+        """Why `kind_capacity` does not fit the kinds this worker handles (`handled`), or
+        None: a kind it does not handle, or a capacity above `capacity` (docs/operations.md
+        of the worker template, "Kinds")."""
         for kind, count in sorted(self.kind_capacity.items()):
             variable = f"{self.env_prefix()}KIND_CAPACITY__{kind}"
             if kind not in handled:
-                runs = ", ".join(handled)
-                return f"{variable} names a kind this process does not run (it runs {runs})"
+                handles = ", ".join(handled)
+                return f"{variable} names a kind this worker does not handle ({handles})"
             if count > self.capacity:
                 return (
                     f"{variable} is {count}, above {self.env_prefix()}CAPACITY ({self.capacity}), "
