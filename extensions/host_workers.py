@@ -1192,6 +1192,12 @@ def rename(root: Path, old: str, new: str) -> int:
         raise RefusedError(f"worker_name {new!r} must be kebab-case (e.g. shipment-notifier)")
     if (root / "workers" / new).exists():
         raise RefusedError(f"workers/{new} already exists; choose another name")
+    added = added_kinds(root, old)
+    if added:
+        raise RefusedError(
+            f"{old} has kinds added to it ({', '.join(added)}), which a rename does not move "
+            f"yet: make remove-kind NAME={old} KIND=<kind> for each, rename, then add them again"
+        )
     require_clean(root)
     answers = read_answers(path)
     rel = str(path.relative_to(root))
