@@ -321,12 +321,16 @@ def test_answers_at_every_limit_render_a_host_whose_gate_passes(
     make_host: Callable[..., Path], render: Callable[..., Any], uv_env: dict[str, str]
 ) -> None:
     """The longest worker name, kind class and lane in one worker, the longest kind in a
-    second: the host's ruff, format, mypy and arch check pass."""
+    second, and a kind as long added to the first (`make add-kind`): the host's ruff,
+    format, mypy and arch check pass."""
     host = make_host(REFERENCE_HOST)
     render(host, **AT_LIMIT)
     commit_all(host, "the longest names")
     render(host, worker_name="second", work_kind=UNDERSCORED_KIND)
     commit_all(host, "the longest kind")
+    added = "J" * len(AT_LIMIT["work_kind"])
+    render(host, **{**AT_LIMIT, "work_kind": added, "added_kind": True})
+    commit_all(host, "the longest kind added to the first")
     synced = uv_sync(host, uv_env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
     host_gate(host, uv_env, "make", "lint", "format-check", "typecheck", "arch-check")
