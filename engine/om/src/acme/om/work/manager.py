@@ -59,7 +59,8 @@ class WorkManagerInterface(ABC):
         `Invalid` naming the field (an unknown kind, a payload field, an `org_id` of
         another tenant or the nil tenant `EMPTY_UUID`, the system scope, a lane that is not
         snake_case of at most 100 characters, the rule a worker's `LANE` setting applies,
-        a NUL character in a payload string or an idempotency key) with nothing written.
+        a NUL character in a payload string or an idempotency key, a `priority` out of
+        `PRIORITY_MIN`..`PRIORITY_MAX`) with nothing written.
         """
 
     @abstractmethod
@@ -78,6 +79,7 @@ class WorkManagerInterface(ABC):
         *,
         delay: float = 0.0,
         lane: str | None = None,
+        priority: int | None = None,
     ) -> list[UUID]:
         """Enqueue one fresh item of `kind` per payload in `ctx`'s tenant, in one insert;
         their ids, in input order.
@@ -86,13 +88,14 @@ class WorkManagerInterface(ABC):
         `WorkItem` is built or returned per payload. Each payload (the kind's payload model,
         or its JSON form) is validated in its JSON form against `WORK_PAYLOADS[kind]`, as
         `enqueue` validates it; the items are stamped as `enqueue` stamps them, with `delay`
-        (seconds, a negative value counts as 0) and `lane` (default: the kind's policy
-        lane) shared by all, and no idempotency key (the ids are new, so every item is
+        (seconds, a negative value counts as 0), `lane` (default: the kind's policy
+        lane) and `priority` (default: the kind's policy priority) shared by all, and no
+        idempotency key (the ids are new, so every item is
         inserted). Publishes `Topics.WORK_AVAILABLE` as `enqueue` does. Raises `Invalid`
         with nothing written, naming the payload and its field (`payloads.3.record_id:
         ...`; a NUL character as for `enqueue`), or what else `enqueue` refuses: an
         unknown kind, a lane no worker can name, a `delay` that is not a finite number,
-        the nil tenant.
+        a `priority` out of its range, the nil tenant.
         """
 
     @abstractmethod

@@ -51,6 +51,7 @@ from acme.om.work.types.work_item import (
     WorkKind,
     WorkStatus,
     checked_delay,
+    checked_priority,
 )
 
 logger = logging.getLogger(__name__)
@@ -132,6 +133,7 @@ class WorkManagerImpl(OperatorCommands):
         *,
         delay: float = 0.0,
         lane: str | None = None,
+        priority: int | None = None,
     ) -> list[UUID]:
         try:
             kind = WorkKind(kind)  # the kind's name as text names it too
@@ -146,6 +148,7 @@ class WorkManagerImpl(OperatorCommands):
         refuse_bad_lane(lane)
         now = datetime.now(UTC)
         delay_s = checked_delay(delay, now)
+        priority = checked_priority(policy.priority if priority is None else priority)
         texts: list[str] = []
         for n, payload in enumerate(payloads):
             # A model is validated in its JSON form, as `enqueue` validates it: an instance
@@ -174,6 +177,7 @@ class WorkManagerImpl(OperatorCommands):
             lane=lane,
             max_attempts=policy.max_attempts,
             delay=delay_s,
+            priority=priority,
             created_at=now,
             actor=ctx.user_id,
             request_id=ctx.request.request_id,
@@ -204,6 +208,7 @@ class WorkManagerImpl(OperatorCommands):
             max_attempts=WORK_POLICIES[kind].max_attempts,
             available_at=now,
             idempotency_key=str(row.id),
+            priority=WORK_POLICIES[kind].priority,
             created_at=now,
             updated_at=now,
             created_by=row.actor_id,
@@ -236,6 +241,7 @@ class WorkManagerImpl(OperatorCommands):
         if model is None:
             raise Invalid(f"kind: no payload model for work kind {item.kind!s}")
         refuse_bad_lane(item.lane)
+        checked_priority(item.priority)
         try:
             payload = model.model_validate(item.payload).model_dump(mode="json")
         except ValidationError as exc:

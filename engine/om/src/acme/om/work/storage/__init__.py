@@ -72,8 +72,8 @@ class NewItems:
     Item n has id `ids[n]` and payload `payloads[n]`, a JSON object as text, validated
     against the kind's model; every item is fresh (`AVAILABLE`, no attempt spent, no claim),
     created at `created_at` by `actor` (`updated_*` the same), available `delay` seconds
-    (at least 0) after the storage clock's now, with `max_attempts`, the causing
-    `request_id` and `traceparent`, and no idempotency key.
+    (at least 0) after the storage clock's now, with `max_attempts`, `priority` (checked
+    by the manager), the causing `request_id` and `traceparent`, and no idempotency key.
     """
 
     kind: WorkKind
@@ -86,6 +86,7 @@ class NewItems:
     traceparent: str | None
     ids: list[UUID]
     payloads: list[str]
+    priority: int = 0
 
     def items(self, org_id: UUID) -> list[WorkItem]:
         """The same items as `WorkItem`s of tenant `org_id` (`available_at` from the
@@ -98,6 +99,7 @@ class NewItems:
                 lane=self.lane,
                 payload=json.loads(payload),
                 max_attempts=self.max_attempts,
+                priority=self.priority,
                 available_at=self.created_at + timedelta(seconds=self.delay),
                 request_id=self.request_id,
                 traceparent=self.traceparent,
@@ -284,9 +286,13 @@ class WorkStorageInterface(ABC):
         Each claimed row spends an attempt, gets a fresh claim token, `claimed_by =
         worker_id`, and a lease of `lease` seconds from the storage's now, all in that
         statement. Only rows
-        `rules.is_claimable` accepts are taken, oldest `available_at` first; concurrent
-        claimers never receive the same row. A paused lane (`pause_lane`) yields nothing:
-        the statement itself excludes the lanes `work_lane_pauses` lists at its snapshot.
+        `rules.is_claimable` accepts are taken; concurrent claimers never receive the same
+        row. A paused lane (`pause_lane`) yields nothing: the statement itself excludes the
+        lanes `work_lane_pauses` lists at its snapshot. The order (docs/decisions/0036,
+        0037): tenants share first, each due tenant's first item before any tenant's second
+        (tenants at one turn in random order), and a tenant's own items by `claim_order`
+        (higher `priority` first, with aging, then the oldest `available_at`). A claim that
+        leaves slots empty found no more due items.
 
         A claimed row that does not validate as a `WorkItem` is made a dead letter in the
         claim's own transaction, by an UPDATE fenced on the token the claim gave it:

@@ -44,8 +44,12 @@ from acme.om.errors import Conflict, Invalid, OmError
 from acme.om.types import EMPTY_UUID, Identifiable, Trackable
 
 from .kinds import WORK_PAYLOADS, WORK_POLICIES, WorkKind
+from .policy import PRIORITY_AGING_S, PRIORITY_MAX, PRIORITY_MIN
 
 __all__ = [
+    "PRIORITY_AGING_S",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
     "WORK_PAYLOADS",
     "WORK_POLICIES",
     "ItemCancelled",
@@ -57,6 +61,8 @@ __all__ = [
     "WorkRows",
     "WorkStatus",
     "checked_delay",
+    "checked_priority",
+    "claim_order",
     "read_row",
 ]
 
@@ -88,6 +94,7 @@ class WorkItem(Identifiable, Trackable):
     lease passes and the sweep may hand the item back. `request_id` and `traceparent`
     name the request that caused the work, so its spans link to that trace.
     `note` says why the item was last handed back; `last_error` why it last failed.
+    `priority` orders a tenant's due items (`PRIORITY_AGING_S`, `claim_order`).
     """
 
     org_id: UUID
@@ -108,6 +115,7 @@ class WorkItem(Identifiable, Trackable):
     request_id: UUID | None = None
     traceparent: str | None = None
     completed_at: datetime | None = None
+    priority: int = 0
 
     @classmethod
     def new(
@@ -119,16 +127,18 @@ class WorkItem(Identifiable, Trackable):
         lane: str | None = None,
         delay: float = 0.0,
         idempotency_key: str | None = None,
+        priority: int | None = None,
     ) -> Self:
         """Build an item for `WorkManagerInterface.enqueue`.
 
         `payload` is the kind's payload model or its JSON form; `lane` defaults to the
         kind's policy lane, `max_attempts` comes from the kind's policy; `delay` (seconds,
         at least 0) postpones the first claim, and the storage anchors it on the database
-        clock. The actor, request id and trace context are stamped by the manager.
+        clock; `priority` defaults to the kind's policy priority. The actor, request id and
+        trace context are stamped by the manager.
 
         Raises `Invalid` for a `delay` that is not a finite number or reaches past the year
-        9999 (`checked_delay`).
+        9999 (`checked_delay`), or a `priority` out of its range (`checked_priority`).
         """
         policy = WORK_POLICIES[kind]
         now = datetime.now(UTC)
@@ -148,6 +158,7 @@ class WorkItem(Identifiable, Trackable):
             max_attempts=policy.max_attempts,
             available_at=available_at,
             idempotency_key=idempotency_key,
+            priority=checked_priority(policy.priority if priority is None else priority),
             created_at=now,
             updated_at=now,
             created_by=EMPTY_UUID,
@@ -299,6 +310,28 @@ def checked_delay(delay: object, now: datetime) -> float:
     except OverflowError:
         raise Invalid(f"delay: {delay!r:.40} seconds reaches past the year 9999") from None
     return seconds
+
+
+def checked_priority(priority: object) -> int:
+    """`priority` as an int from `PRIORITY_MIN` to `PRIORITY_MAX`. Raises `Invalid` naming
+    `priority` and the range otherwise (a bool is no priority)."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise Invalid(
+            f"priority: must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX},"
+            f" got {type(priority).__name__}"
+        )
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise Invalid(
+            f"priority: {priority} is out of range; use an integer from {PRIORITY_MIN}"
+            f" to {PRIORITY_MAX} (higher is claimed first)"
+        )
+    return priority
+
+
+def claim_order(item: WorkItem) -> tuple[datetime, UUID]:
+    """Where `item` stands in its tenant's claim order: `available_at` less its priority's
+    head start (`PRIORITY_AGING_S` per level), then `id`; the claim index's order."""
+    return item.available_at - timedelta(seconds=PRIORITY_AGING_S * item.priority), item.id
 
 
 def _uuid(value: object) -> UUID:

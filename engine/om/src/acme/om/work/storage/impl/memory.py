@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
@@ -31,6 +32,7 @@ from acme.om.work.types.work_item import (
     WorkKind,
     WorkRows,
     WorkStatus,
+    claim_order,
     read_row,
 )
 
@@ -260,17 +262,24 @@ class MemoryWorkStorage(WorkStorageInterface):
         """
         async with self._lock:
             now = self._clock()
-            due = sorted(
-                (
-                    r
-                    for r in self._rows.values()
-                    if r.lane == lane
+            # Each due row's turn is its place in its tenant's claim order; turns first,
+            # tenants at one turn in random order (docs/decisions/0037).
+            by_tenant: dict[UUID, list[WorkItem]] = {}
+            for r in self._rows.values():
+                if (
+                    r.lane == lane
                     and lane not in self._pauses
                     and r.kind in kinds
                     and is_claimable(r, now)
-                ),
-                key=lambda r: (r.available_at, r.id),
-            )
+                ):
+                    by_tenant.setdefault(r.org_id, []).append(r)
+            turns: list[tuple[int, float, WorkItem]] = []
+            for rows in by_tenant.values():
+                shuffle = random.random()
+                for turn, r in enumerate(sorted(rows, key=claim_order)):
+                    turns.append((turn, shuffle, r))
+            turns.sort(key=lambda entry: entry[:2])
+            due = [r for _, _, r in turns]
             claimed = WorkRows()
             for row in due[: max(limit, 0)]:
                 token = uuid4()

@@ -16,12 +16,12 @@ from functools import cache
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import ColumnElement, TextClause, TextualSelect, text
+from sqlalchemy import ColumnElement, Integer, TextClause, TextualSelect, column, text
 
 from acme.om.types import EMPTY_UUID
 from acme.om.work.storage import NewItems
-from acme.om.work.storage.impl.sql import unreadable_error
-from acme.om.work.storage.tables.work_items import work_items
+from acme.om.work.storage.impl.sql import CLAIM_SHARE, unreadable_error
+from acme.om.work.storage.tables.work_items import claim_rank_sql, work_items
 from acme.om.work.types.work_item import UnreadableRow, WorkItem, WorkKind, WorkStatus
 
 t = work_items
@@ -84,11 +84,12 @@ _ARRAY_COLUMNS = {
     "created_by": "uuid",
     "updated_by": "uuid",
     "deleted_at": "timestamptz",
+    "priority": "smallint",
 }
 
 # What a fresh item (`fresh`: every enqueue through the manager) leaves to the statement:
 # the columns an item that never ran holds, written as SQL (over the row's other columns,
-# named in braces), so the insert binds 11 columns instead of 23 (each costs its encoding
+# named in braces), so the insert binds 12 columns instead of 24 (each costs its encoding
 # in the driver, and an array its unnest in the server, a single enqueue as much as a batch).
 _FRESH_FIXED = {
     "status": f"'{WorkStatus.AVAILABLE.value}'",
@@ -110,6 +111,7 @@ _FRESH_COLUMNS = {
         "traceparent",
         "created_at",
         "created_by",
+        "priority",
     )
 }
 
@@ -220,6 +222,7 @@ _NEW_PARAMS = {
     "delay": "float8",
     "ids": "uuid[]",
     "payloads": "text[]",
+    "priority": "smallint",
 }
 
 
@@ -233,11 +236,12 @@ def _new_sql(params: Sequence[str]) -> str:
     return (
         "INSERT INTO work_items (id, org_id, kind, lane, payload, status, attempts,"
         " max_attempts, request_id, traceparent, created_at, updated_at, created_by,"
-        " updated_by, available_at)"
+        " updated_by, available_at, priority)"
         f" SELECT u.id, {p['org_id']}, {p['kind']}, {p['lane']}, CAST(u.payload AS jsonb),"
         f" '{WorkStatus.AVAILABLE.value}', 0, {p['max_attempts']}, {p['request_id']},"
         f" {p['traceparent']}, {p['created_at']}, {p['created_at']}, {p['actor']},"
-        f" {p['actor']}, statement_timestamp() + make_interval(secs => {p['delay']})"
+        f" {p['actor']}, statement_timestamp() + make_interval(secs => {p['delay']}),"
+        f" {p['priority']}"
         f" FROM unnest({p['ids']}, {p['payloads']}) AS u(id, payload)"
         " ON CONFLICT DO NOTHING RETURNING id"
     )
@@ -257,6 +261,7 @@ def new_values(org_id: UUID, items: NewItems) -> list[Any]:
         max(items.delay, 0.0),
         items.ids,
         items.payloads,
+        items.priority,
     ]
 
 
@@ -306,37 +311,66 @@ def holders_values(org_id: UUID, missing: Sequence[WorkItem]) -> list[Any]:
     return [org_id, [item.id for item in missing], keys]
 
 
+def _available(alias: str, lane: str, kinds: Sequence[str]) -> str:
+    """The claim index's predicate and leading columns for `alias`'s rows of `lane` and
+    `kinds` (`kind IN (...)`: for one kind an index condition, read in the index's order)."""
+    return (
+        f"{alias}.status = '{WorkStatus.AVAILABLE.value}' AND {alias}.lane = {lane}"
+        f" AND {alias}.kind IN ({', '.join(kinds)})"
+    )
+
+
 @cache
 def claim_statement(kinds: int) -> Statement:
-    """The claim for `kinds` kinds, one parameter each (`kind IN (...)`: for one kind the
-    planner then reads `ix_work_items_claimable` in the claim's order and stops after the
-    limit, where `kind = ANY(...)` would sort every due row first). A CTE locks up to the
-    limit due rows, oldest `available_at` first (then `id`), skipping locked ones, and
-    fences the LIMIT; the UPDATE claims exactly those, each under a fresh token for the
-    lease (s) (River's `JobGetAvailable`). A paused lane yields nothing: the pause is a
-    guard of its own beside whatever picks the rows (uncorrelated, so PostgreSQL checks it
-    once per statement; docs/decisions/0040). Parameters as `claim_values`."""
+    """The claim for `kinds` kinds, one parameter each, read from `ix_work_items_claim_order`
+    (docs/decisions/0037): tenants share first, priority orders within a tenant.
+
+    Per kind, a skip scan (a recursive CTE, one index probe per tenant) lists the tenants
+    holding available items; each may take `ceil(limit / tenants)` due items (its share),
+    in its claim order (`claim_rank_sql`: priority with aging, then `available_at`, then
+    `id`; the index's order, so a tenant's `LIMIT` stops after its share), locked with
+    SKIP LOCKED as it reads them; the tenants are visited in random order and the whole
+    stops at the limit, so no tenant's place in the index buys it the first slot. The
+    UPDATE claims exactly those rows, each under a fresh token for the lease (s) (River's
+    `JobGetAvailable`), and returns each row with the share (`CLAIM_SHARE`).
+    Parameters as `claim_values`."""
     names = ["lane", "limit", "worker_id", "lease_s", *(f"kind_{n}" for n in range(kinds))]
 
     def write(p: Sequence[str]) -> str:
         lane, limit, worker_id, lease_s, *listed = p
+        scans = []
+        for n, kind in enumerate(listed):
+            first = f"SELECT w.org_id FROM work_items w WHERE {_available('w', lane, [kind])}"
+            scans.append(
+                f"tenants_{n} AS (({first} ORDER BY w.org_id LIMIT 1) UNION ALL"
+                f" SELECT ({first} AND w.org_id > t.org_id ORDER BY w.org_id LIMIT 1)"
+                f" FROM tenants_{n} t WHERE t.org_id IS NOT NULL)"
+            )
+        found = " UNION ".join(f"SELECT org_id FROM tenants_{n}" for n in range(len(listed)))
+        rank = claim_rank_sql("w.available_at", "w.priority")
         return (
-            "WITH picked AS (SELECT id FROM work_items"
-            f" WHERE status = '{WorkStatus.AVAILABLE.value}' AND lane = {lane}"
-            f" AND kind IN ({', '.join(listed)})"
-            " AND available_at <= statement_timestamp() AND deleted_at IS NULL"
-            " AND attempts < max_attempts"
-            f" AND NOT EXISTS (SELECT 1 FROM work_lane_pauses WHERE lane = {lane})"
-            f" ORDER BY available_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED)"
+            f"WITH RECURSIVE {', '.join(scans)},"
+            f" tenants AS MATERIALIZED (SELECT org_id FROM ({found}) AS found"
+            " WHERE org_id IS NOT NULL),"
+            f" share AS (SELECT CAST(ceil(CAST({limit} AS float8) / greatest(count(*), 1))"
+            " AS integer) AS per_tenant FROM tenants),"
+            " picked AS (SELECT taken.id, share.per_tenant FROM share CROSS JOIN"
+            " (SELECT org_id FROM tenants ORDER BY random()) AS due CROSS JOIN LATERAL"
+            f" (SELECT w.id FROM work_items w WHERE {_available('w', lane, listed)}"
+            " AND w.org_id = due.org_id AND w.available_at <= statement_timestamp()"
+            " AND w.deleted_at IS NULL AND w.attempts < w.max_attempts"
+            f" ORDER BY {rank}, w.id LIMIT share.per_tenant FOR UPDATE SKIP LOCKED) AS taken"
+            f" LIMIT {limit})"
             f" UPDATE work_items SET status = '{WorkStatus.CLAIMED.value}',"
             f" attempts = work_items.attempts + 1, claimed_by = {worker_id},"
             " claim_token = gen_random_uuid(), claimed_at = statement_timestamp(),"
             f" lease_expires_at = statement_timestamp() + make_interval(secs => {lease_s}),"
             f" note = NULL, updated_at = statement_timestamp(), updated_by = '{EMPTY_UUID}'"
-            f" FROM picked WHERE work_items.id = picked.id RETURNING {_COLUMNS}"
+            f" FROM picked WHERE work_items.id = picked.id"
+            f" RETURNING {_COLUMNS}, picked.per_tenant AS {CLAIM_SHARE}"
         )
 
-    return statement(write, names, tuple(t.c))
+    return statement(write, names, (*t.c, column(CLAIM_SHARE, Integer)))
 
 
 def claim_values(

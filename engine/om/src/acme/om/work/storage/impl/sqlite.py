@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from acme.om.types import EMPTY_UUID
 from acme.om.work.storage.impl.sql import SqlWorkStorage, unreadable_error
-from acme.om.work.storage.tables.work_items import UtcDateTime, work_items
+from acme.om.work.storage.tables.work_items import ClaimRank, UtcDateTime, work_items
 from acme.om.work.storage.tables.work_lane_pauses import work_lane_pauses
 from acme.om.work.storage.tables.work_schedules import work_schedules
 from acme.om.work.types.work_item import UnreadableRow, WorkKind, WorkStatus
@@ -104,10 +104,24 @@ class SqliteWorkStorage(SqlWorkStorage):
     def _claim_stmt(self) -> Update:
         """One statement, `UPDATE ... WHERE id IN (SELECT ... LIMIT k) RETURNING`, built once
         (parameters prefixed `claim_`: one may not share a column's name in an UPDATE), run
-        under the write lock `_claim_rows` took, so no two claimers can take one row."""
+        under the write lock `_claim_rows` took, so no two claimers can take one row.
+
+        The order (docs/decisions/0037): each due row's turn is its place in its tenant's
+        claim order (`ClaimRank`, then `available_at` and `id`: a Julian day rounds to
+        tenths of a millisecond); turns first, tenants at one turn in random order. It
+        reads every due row of the lane and kinds: the embedded database serves one
+        developer's backlog."""
         now = self._now()
-        picked = (
-            select(t.c.id)
+        turn = (
+            func.row_number()
+            .over(
+                partition_by=t.c.org_id,
+                order_by=(ClaimRank(t.c.available_at, t.c.priority), t.c.available_at, t.c.id),
+            )
+            .label("turn")
+        )
+        due = (
+            select(t.c.id, turn)
             .where(
                 (t.c.status == WorkStatus.AVAILABLE.value)
                 & (t.c.lane == bindparam("claim_lane"))
@@ -118,7 +132,11 @@ class SqliteWorkStorage(SqlWorkStorage):
                 # A paused lane yields nothing (docs/decisions/0040).
                 & ~exists().where(work_lane_pauses.c.lane == bindparam("claim_lane"))
             )
-            .order_by(t.c.available_at, t.c.id)
+            .subquery()
+        )
+        picked = (
+            select(due.c.id)
+            .order_by(due.c.turn, func.random())
             .limit(bindparam("claim_limit"))
             .scalar_subquery()
         )

@@ -24,6 +24,7 @@ from sqlalchemy import (
     Dialect,
     Index,
     Integer,
+    SmallInteger,
     Table,
     Text,
     Uuid,
@@ -38,6 +39,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import JSON, TypeDecorator
 
 from acme.om.storage.metadata import metadata
+from acme.om.work.types.policy import PRIORITY_AGING_S
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -91,6 +93,38 @@ def _json_type_sqlite(element: JsonType, compiler: SQLCompiler, **kw: Any) -> st
     return f"json_type({compiler.process(element.clauses, **kw)})"
 
 
+class ClaimRank(FunctionElement[Any]):
+    """Where a row stands in its tenant's claim order: `available_at` less a head start of
+    `PRIORITY_AGING_S` per `priority` level (docs/decisions/0036). Immutable in both
+    dialects, so an index can hold it: on PostgreSQL as UTC `timestamp` (`timezone('UTC',
+    ...)` is immutable where `timestamptz - interval` is not), on SQLite as a Julian day."""
+
+    name = "claim_rank"
+    inherit_cache = True
+
+
+@compiles(ClaimRank, "postgresql")
+def _claim_rank_postgresql(element: ClaimRank, compiler: SQLCompiler, **kw: Any) -> str:
+    available_at, priority = (compiler.process(c, **kw) for c in element.clauses)
+    return claim_rank_sql(available_at, priority)
+
+
+@compiles(ClaimRank, "sqlite")
+def _claim_rank_sqlite(element: ClaimRank, compiler: SQLCompiler, **kw: Any) -> str:
+    available_at, priority = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(julianday({available_at}) - {priority} * {PRIORITY_AGING_S / 86400.0!r})"
+
+
+def claim_rank_sql(available_at: str, priority: str) -> str:
+    """`ClaimRank` as PostgreSQL text over two column expressions, spelled as PostgreSQL
+    prints the index's expression (the claim's text must parse to the index's expression
+    for the planner to read the index; alembic compares the printed forms)."""
+    minutes, seconds = divmod(PRIORITY_AGING_S, 60)
+    hours, minutes = divmod(minutes, 60)
+    step = f"'{hours:02}:{minutes:02}:{seconds:02}'::interval"
+    return f"(timezone('UTC'::text, {available_at}) - {priority}::double precision * {step})"
+
+
 def payload_is_object(payload: ColumnElement[Any]) -> ColumnElement[bool]:
     """True where `payload` (the column, or a stand-in for it) holds a JSON object."""
     return JsonType(payload) == "object"
@@ -128,6 +162,9 @@ work_items = Table(
     # statement that writes one writes the other).
     Column("audit_owed_token", Uuid),
     Column("audit_owed_reason", Text),
+    # Higher first within a tenant, aged (`ClaimRank`); the default keeps the order items
+    # had before priorities.
+    Column("priority", SmallInteger, nullable=False, server_default=text("0")),
     CheckConstraint(
         "status IN ('AVAILABLE', 'CLAIMED', 'COMPLETED', 'FAILED', 'CANCELLED')", name="status"
     ),
@@ -143,17 +180,6 @@ work_items = Table(
     # Idempotency is per tenant: two tenants may use one key without meeting, and the
     # index leads with `org_id`, so it also serves every tenant-scoped read.
     Index("ix_work_items_org_id_idempotency_key", "org_id", "idempotency_key", unique=True),
-    # The claim: a lane's available items of one kind in claim order, so `LIMIT k` reads
-    # k entries, whatever other kinds share the lane.
-    Index(
-        "ix_work_items_claimable",
-        "lane",
-        "kind",
-        "available_at",
-        "id",
-        postgresql_where=text("status = 'AVAILABLE'"),
-        sqlite_where=text("status = 'AVAILABLE'"),
-    ),
     # The sweep: a tenant's claimed items. No time in it, so a lease renewal touches no
     # indexed column and PostgreSQL can write it as a HOT update.
     Index(
@@ -205,4 +231,18 @@ work_items = Table(
         postgresql_where=text("deleted_at IS NOT NULL"),
         sqlite_where=text("deleted_at IS NOT NULL"),
     ),
+)
+
+# The claim (docs/decisions/0037): per lane and kind, the tenants with available items
+# (read by a skip scan over `org_id`), and each tenant's items in claim order, so a
+# tenant's `LIMIT k` reads k entries, whatever other tenants or kinds hold.
+Index(
+    "ix_work_items_claim_order",
+    work_items.c.lane,
+    work_items.c.kind,
+    work_items.c.org_id,
+    ClaimRank(work_items.c.available_at, work_items.c.priority),
+    work_items.c.id,
+    postgresql_where=text("status = 'AVAILABLE'"),
+    sqlite_where=text("status = 'AVAILABLE'"),
 )
