@@ -5,6 +5,7 @@ enqueues through the host's own managers, as an application of the host would.
                                   [--api bulk|many]
     python ours_client.py wake --url URL [--redis URL] --count N --cadence S
     python ours_client.py audit --url URL --batches N --size S
+    python ours_client.py spread --url URL [--redis URL] --tenants T --items M --batch B
 
 `enqueue` creates a tenant, enqueues N items one call each (the generated
 `enqueue_notify_shipment`), then M items in batches of B, and prints one JSON line:
@@ -17,6 +18,10 @@ batched items drained.
 
 `wake` enqueues N probe items (payload `note` = `wake`) one at a time, one every S seconds,
 and prints one JSON line `{"starts": {record_id: time.time() at the enqueue call}}`.
+
+`spread` creates T tenants and enqueues M items over them in batches of B: the first holds
+half, the others share the rest alike; the first tenant's items go first (a backlog that
+was there before the others came). Prints one JSON line `{"tenants": [org ids]}`.
 
 `audit` times `Managers.audit.append_many` (the host's batched audit appends, which the
 worker's group commit calls once per batch of concurrent handlers) on batches of S entries
@@ -133,6 +138,31 @@ async def wake(url: str, redis: str | None, count: int, cadence: float) -> dict:
     return {"starts": starts}
 
 
+async def spread(url: str, redis: str | None, tenants: int, items: int, batch: int) -> dict:
+    """`tenants` tenants, the first with half of `items`, the others the rest alike."""
+    funnel, infra, managers, first = await _open(url, redis)
+    contexts = [first]
+    try:
+        rctx = RequestContext.new(APP)
+        for _ in range(tenants - 1):
+            org = await managers.tenancy.create_org(rctx, f"bench-{uuid4().hex[:8]}")
+            contexts.append(
+                await managers.tenancy.service_context(
+                    rctx, org_id=org.id, acting_for=EMPTY_UUID, caused_by_request_id=None
+                )
+            )
+        shares = [items // 2] + [(items - items // 2) // max(tenants - 1, 1)] * (tenants - 1)
+        for ctx, share in zip(contexts, shares, strict=True):
+            for offset in range(0, share, batch):
+                chunk = [_payload() for _ in range(min(batch, share - offset))]
+                await enqueue_notify_shipment_bulk(managers.work, ctx, chunk)
+    finally:
+        await managers.work.publish_owed_wake_ups()
+        await funnel.dispose()
+        await infra.aclose()
+    return {"tenants": [str(ctx.org_id) for ctx in contexts]}
+
+
 async def audit(url: str, batches: int, size: int) -> dict:
     """Median wall and CPU milliseconds of one `append_many` of `size` entries."""
     funnel, infra, managers, ctx = await _open(url, None, pre_ping=False)
@@ -172,13 +202,17 @@ async def audit(url: str, batches: int, size: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("enqueue", "wake", "audit"):
+    for name in ("enqueue", "wake", "audit", "spread"):
         p = sub.add_parser(name)
         p.add_argument("--url", required=True)
         p.add_argument("--redis", default=None)
         if name == "audit":
             p.add_argument("--batches", type=int, default=200)
             p.add_argument("--size", type=int, default=10)
+        elif name == "spread":
+            p.add_argument("--tenants", type=int, default=100)
+            p.add_argument("--items", type=int, default=100000)
+            p.add_argument("--batch", type=int, default=1000)
         elif name == "enqueue":
             p.add_argument("--singles", type=int, default=1000)
             p.add_argument("--items", type=int, default=20000)
@@ -194,6 +228,8 @@ def main() -> None:
         )
     elif args.command == "audit":
         result = asyncio.run(audit(args.url, args.batches, args.size))
+    elif args.command == "spread":
+        result = asyncio.run(spread(args.url, args.redis, args.tenants, args.items, args.batch))
     else:
         result = asyncio.run(wake(args.url, args.redis, args.count, args.cadence))
     print(json.dumps(result))

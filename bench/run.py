@@ -26,6 +26,16 @@ database with its schema applied by its own tool, then runs the same workload on
    the default handler's row pays it (ten entries, `Managers.audit.append_many` through
    `bench/ours_client.py audit`).
 
+The fairness row (`ours_fairness`, capacity 10, no-op handler; docs/decisions/0037) runs its
+own phases instead of 1-5: (a) tenant B alone enqueues `BENCH_FAIR_RATE` (20) probes/s to an
+idle worker; tenant A's `BENCH_FAIR_ITEMS` (100,000) are drained alone; then drained again
+while B enqueues at that rate for most of the drain. B's wait is due (its enqueue call) to
+handler start, p95; the lane's drain is every completion from the worker's start. (b)
+`BENCH_FAIR_TENANTS` (100) tenants hold `BENCH_FAIR_SPREAD_ITEMS` (100,000), the first half
+of them, enqueued first; one worker drains them; each tenant's wait (due to completion,
+from the rows: the no-op handler ends where it starts) at p95. `BENCH_ROWS=ours_fairness`
+runs that row alone, without the peers (nor their virtualenv) and the floors.
+
 Prints one table of medians, the ratio of ours to each peer row, and the targets of
 `bench/targets.json` (ratios ours / peer, same run); writes everything to
 `.bench/results.json`; exits 1 when a target is missed or an end state is wrong.
@@ -41,6 +51,8 @@ Knobs (environment): BENCH_RUNS (3), BENCH_ITEMS (20000), BENCH_SINGLES (1000), 
 partial rate reported, marked `*`), BENCH_BEST_CAPACITY (100; the pool is capacity + 4, or
 + what the rendered settings reserve when more), BENCH_WAKE_COUNT (200),
 BENCH_PGBENCH_SECONDS (10), BENCH_ROWS (comma-separated row keys, all by default),
+BENCH_FAIR_ITEMS (100000), BENCH_FAIR_RATE (20), BENCH_FAIR_TENANTS (100),
+BENCH_FAIR_SPREAD_ITEMS (100000), BENCH_OURS_DB (acme_bench: the database ours runs in),
 DEMO_PG_URL (the admin URL), DEMO_REDIS_URL.
 """
 
@@ -80,7 +92,7 @@ PEERS_PYTHON = WORK / "peers-venv" / "bin" / "python"
 ADMIN = os.environ.get("DEMO_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS = os.environ.get("DEMO_REDIS_URL", "redis://127.0.0.1:6379/0")
 PG_HOST = ADMIN.split("@", 1)[1].rsplit("/", 1)[0]  # host:port
-OURS_DB = "acme_bench"
+OURS_DB = os.environ.get("BENCH_OURS_DB", "acme_bench")
 PEER_ROLE = "bench_peer"
 HANDLER = Path("workers/shipment-notifier/src/acme/workers/shipment_notifier/handler.py")
 SQLITE_FILE = Path(".local/acme.sqlite3")
@@ -101,6 +113,10 @@ BEST_CAPACITY = _env_int("BENCH_BEST_CAPACITY", 100)
 WAKE_COUNT = _env_int("BENCH_WAKE_COUNT", 200)
 WAKE_CADENCE = 0.02
 PGBENCH_SECONDS = _env_int("BENCH_PGBENCH_SECONDS", 10)
+FAIR_ITEMS = _env_int("BENCH_FAIR_ITEMS", 100000)
+FAIR_RATE = _env_int("BENCH_FAIR_RATE", 20)
+FAIR_TENANTS = _env_int("BENCH_FAIR_TENANTS", 100)
+FAIR_SPREAD_ITEMS = _env_int("BENCH_FAIR_SPREAD_ITEMS", 100000)
 
 
 @dataclass(frozen=True)
@@ -113,7 +129,8 @@ class Row:
     (the rendered one). For a peer, `capacity` is its concurrency (0: library defaults).
     `wake`: measure wake-up latency. `versus`: the ours row this peer row is compared with.
     `pool_extra`: connections beside the handler slots (4, or what the rendered settings
-    require when they reserve more: `RESERVED_CONNECTIONS`).
+    require when they reserve more: `RESERVED_CONNECTIONS`). `fairness`: the fairness
+    phases instead of the drain and wake-up (`Bench.fairness`).
     """
 
     key: str
@@ -127,6 +144,7 @@ class Row:
     wake: bool = False
     versus: str | None = None
     pool_extra: int = 4
+    fairness: bool = False
 
     @property
     def pool(self) -> int | None:
@@ -152,6 +170,7 @@ ROWS = [
         wake=True),
     Row("ours_sqlite_c10", "ours, no-op, SQLite embedded", "ours", 10, redis=False, sqlite=True,
         wake=True),
+    Row("ours_fairness", "ours, no-op, fairness (tenants)", "ours", 10, fairness=True),
     Row("procrastinate_c1", "procrastinate", "procrastinate", 1, versus="ours_c1"),
     Row("procrastinate_c10", "procrastinate", "procrastinate", 10, wake=True, versus="ours_c10"),
     Row("pgqueuer_c10", "pgqueuer (concurrency_limit)", "pgqueuer", 10, wake=True,
@@ -189,6 +208,13 @@ class Measurement:
     wake_p95_ms: float | None = None
     wake_p99_ms: float | None = None
     wake_missing: int | None = None
+    fair_b_alone_p95_ms: float | None = None
+    fair_b_p95_ms: float | None = None
+    fair_a_alone_per_s: float | None = None
+    fair_lane_per_s: float | None = None
+    fair_spread_median_p95_ms: float | None = None
+    fair_spread_worst_p95_ms: float | None = None
+    fair_spread_p95_ms: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -346,19 +372,22 @@ async def _fetchval(database: str, query: str) -> Any:
         await conn.close()
 
 
-async def _recreate_databases() -> None:
-    """`acme_bench` owned by acme_owner; one database per peer, owned by `bench_peer` (a
-    plain LOGIN role, as the application role of a real deployment would be)."""
+async def _recreate_databases(peers: bool = True) -> None:
+    """`acme_bench` owned by acme_owner; with `peers`, one database per peer, owned by
+    `bench_peer` (a plain LOGIN role, as the application role of a real deployment would
+    be), and the pgbench floor's."""
     conn = await asyncpg.connect(ADMIN)
     try:
         if not await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", PEER_ROLE):
             await conn.execute(f"CREATE ROLE {PEER_ROLE} LOGIN")
-        for name, owner in [
-            (OURS_DB, "acme_owner"),
-            ("bench_procrastinate", PEER_ROLE),
-            ("bench_pgqueuer", PEER_ROLE),
-            ("bench_pgbench", "postgres"),
-        ]:
+        databases = [(OURS_DB, "acme_owner")]
+        if peers:
+            databases += [
+                ("bench_procrastinate", PEER_ROLE),
+                ("bench_pgqueuer", PEER_ROLE),
+                ("bench_pgbench", "postgres"),
+            ]
+        for name, owner in databases:
             await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
             await conn.execute(f"CREATE DATABASE {name} OWNER {owner}")
     finally:
@@ -375,6 +404,22 @@ def _done_query(row: Row, total: int) -> str:
     if row.system == "procrastinate":
         return "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
     return f"SELECT {total} - count(*) FROM pgqueuer"  # a finished job's row is deleted
+
+
+_RETRIED = "SELECT count(*) FROM work_items WHERE attempts > 1 OR status <> 'COMPLETED'"
+
+
+async def _tenant_p95_ms(database: str) -> list[float]:
+    """Each tenant's p95 wait (ms), due (`available_at`) to completion, over its rows."""
+    conn = await asyncpg.connect(_admin_url(database))
+    try:
+        rows = await conn.fetch(
+            "SELECT percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM"
+            " completed_at - available_at)) * 1000 FROM work_items GROUP BY org_id"
+        )
+    finally:
+        await conn.close()
+    return [float(r[0]) for r in rows]
 
 
 # -- the bench -----------------------------------------------------------------------------
@@ -682,6 +727,9 @@ class Bench:
         m = Measurement()
         if row.system == "ours":
             self.set_handler(row)
+        if row.fairness:
+            self.fairness(row, m)
+            return m
         self.reset(row)
         timed = self.enqueue(row, SINGLES, 0)
         m.enqueue_single_per_s = round(SINGLES / timed["single_seconds"], 1)
@@ -696,6 +744,91 @@ class Bench:
         if row.wake:
             self.wake(row, m)
         return m
+
+    def fair_drain(
+        self, row: Row, total: int, probes: int, m: Measurement
+    ) -> tuple[float, list[float]]:
+        """Start a worker on the enqueued backlog; once it is ready, tenant B (a fresh one)
+        enqueues `probes` probes at `FAIR_RATE` a second; poll until `total` plus them are
+        done. The seconds from the worker's start to the last completion, and B's waits
+        (ms, enqueue call to handler start, ascending). Samples CPU and RSS as `drain`."""
+        wake_log = self.logs / f"{row.key}.fair.times"
+        wake_log.unlink(missing_ok=True)
+        loop = asyncio.new_event_loop()
+        conn = loop.run_until_complete(asyncpg.connect(_admin_url(_database(row))))
+        worker = self.start_worker(row, "fair", wake_log=wake_log)
+        client = None
+        try:
+            self.wait_ready(row, worker)
+            if probes:
+                cmd = ["uv", "run", "--all-packages", "--offline", "python"]
+                cmd += [str(BENCH / "ours_client.py"), "wake", "--url", self.ours_url(row)]
+                cmd += ["--redis", REDIS, "--count", str(probes), "--cadence", str(1 / FAIR_RATE)]
+                client = subprocess.Popen(
+                    cmd, cwd=self.host, env=self.ours_env(row), stdout=subprocess.PIPE, text=True
+                )
+            finished = None
+            while time.monotonic() - worker.started < DRAIN_TIMEOUT:
+                worker.sampler.sample()
+                if self.done_count(row, total, conn, loop) >= total + probes:
+                    finished = time.monotonic()
+                    break
+                time.sleep(POLL)
+            elapsed = (finished or time.monotonic()) - worker.started
+            if finished is None:
+                m.notes.append(f"fairness drain stopped after {elapsed:.0f} s")
+            starts: dict[str, float] = {}
+            if client is not None:
+                out, _ = client.communicate(timeout=120)
+                starts = json.loads(out.strip().splitlines()[-1])["starts"]
+        finally:
+            worker.stop()
+            loop.run_until_complete(conn.close())
+            loop.close()
+        m.cpu_ms_per_item = round(worker.sampler.cpu_seconds * 1000 / max(total + probes, 1), 3)
+        m.peak_rss_mb = round(worker.sampler.hwm_mb, 1) if worker.sampler.hwm_mb else None
+        handled: dict[str, float] = {}
+        if wake_log.exists():
+            for line in wake_log.read_text().splitlines():
+                marker, _, at = line.partition(" ")
+                if marker in starts and at:
+                    handled.setdefault(marker, float(at))
+        if len(handled) < len(starts):
+            m.notes.append(f"fairness: {len(starts) - len(handled)} probe(s) not handled")
+        return elapsed, sorted((handled[k] - starts[k]) * 1000 for k in handled)
+
+    def fairness(self, row: Row, m: Measurement) -> None:
+        """The fairness row's phases (the module's docstring): (a) B alone, A alone, A and B
+        together; (b) the spread over `FAIR_TENANTS` tenants."""
+        self.reset(row)
+        _, alone = self.fair_drain(row, 0, FAIR_RATE * 10, m)
+        m.fair_b_alone_p95_ms = round(_percentile(alone, 95), 1) if alone else None
+        self.reset(row)
+        self.enqueue(row, 0, FAIR_ITEMS)
+        elapsed, _ = self.fair_drain(row, FAIR_ITEMS, 0, m)
+        m.fair_a_alone_per_s = round(FAIR_ITEMS / elapsed, 1)
+        m.items_per_s = m.fair_a_alone_per_s
+        # B enqueues for most of what A's drain took alone, from the worker's readiness on.
+        probes = max(int(FAIR_RATE * (elapsed - 3.0) * 0.8), FAIR_RATE)
+        self.reset(row)
+        self.enqueue(row, 0, FAIR_ITEMS)
+        elapsed, beside = self.fair_drain(row, FAIR_ITEMS, probes, m)
+        m.fair_lane_per_s = round((FAIR_ITEMS + probes) / elapsed, 1)
+        m.fair_b_p95_ms = round(_percentile(beside, 95), 1) if beside else None
+        self.reset(row)
+        self.ours_client(
+            row, "spread", "--tenants", str(FAIR_TENANTS), "--items", str(FAIR_SPREAD_ITEMS)
+        )
+        total = int(asyncio.run(_fetchval(_database(row), "SELECT count(*) FROM work_items")))
+        self.fair_drain(row, total, 0, m)
+        waits = sorted(asyncio.run(_tenant_p95_ms(_database(row))))
+        m.fair_spread_p95_ms = [round(w, 1) for w in waits]
+        if waits:
+            m.fair_spread_median_p95_ms = round(statistics.median(waits), 1)
+            m.fair_spread_worst_p95_ms = round(waits[-1], 1)
+        twice = int(asyncio.run(_fetchval(_database(row), _RETRIED)))
+        m.end_state = f"{total} spread over {len(waits)} tenants, {twice} retried"
+        m.end_state_ok = len(waits) == FAIR_TENANTS and twice == 0
 
     def pgbench(self) -> float | None:
         """tps of a one-row prepared `UPDATE ... RETURNING`, 4 clients: the server's floor."""
@@ -825,12 +958,20 @@ COLUMNS = [
     ("dead tup", "dead_tuples", 9),
 ]
 METRICS = [key for _, key, _ in COLUMNS]
+FAIR_METRICS = [
+    "fair_b_alone_p95_ms",
+    "fair_b_p95_ms",
+    "fair_a_alone_per_s",
+    "fair_lane_per_s",
+    "fair_spread_median_p95_ms",
+    "fair_spread_worst_p95_ms",
+]
 
 
 def medians(runs: list[Measurement]) -> dict[str, Any]:
     """Median of every metric over the runs that measured it; `partial` if any run was."""
     out: dict[str, Any] = {}
-    for key in METRICS:
+    for key in METRICS + FAIR_METRICS:
         values = [getattr(m, key) for m in runs if getattr(m, key) is not None]
         out[key] = round(statistics.median(values), 3) if values else None
     out["partial"] = any(m.partial for m in runs)
@@ -864,6 +1005,29 @@ def print_table(rows: list[Row], med: dict[str, dict[str, Any]]) -> None:
         print(f"{row.label:<38}{row.capacity_label:<14}" + "".join(cells) + flag)
     if any(med[r.key]["partial"] for r in rows):
         print(f"* the drain hit BENCH_DRAIN_TIMEOUT={DRAIN_TIMEOUT:.0f} s: the partial rate")
+
+
+def print_fairness(
+    rows: list[Row], med: dict[str, dict[str, Any]], runs: dict[str, list[Measurement]]
+) -> None:
+    """The fairness row's figures (docs/decisions/0037), medians of the runs."""
+    for row in (r for r in rows if r.fairness):
+        got = med[row.key]
+        print(
+            f"\nfairness, capacity {row.capacity} ({FAIR_ITEMS} items of A; {FAIR_RATE}/s of B;"
+            f" {FAIR_SPREAD_ITEMS} over {FAIR_TENANTS} tenants, one holding half)"
+        )
+        print(
+            f"  (a) B's p95 wait: alone {_fmt(got['fair_b_alone_p95_ms'])} ms, beside A's"
+            f" backlog {_fmt(got['fair_b_p95_ms'])} ms; drain: A alone"
+            f" {_fmt(got['fair_a_alone_per_s'])} items/s, A and B {_fmt(got['fair_lane_per_s'])}"
+        )
+        print(
+            f"  (b) p95 wait per tenant: median {_fmt(got['fair_spread_median_p95_ms'])} ms,"
+            f" worst {_fmt(got['fair_spread_worst_p95_ms'])} ms"
+        )
+        for n, m in enumerate(runs[row.key], 1):
+            print(f"      run {n}, every tenant's p95 (ms, ascending): {m.fair_spread_p95_ms}")
 
 
 def print_ratios(rows: list[Row], med: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -914,7 +1078,11 @@ def check_targets(
         peer = target["peer"]
         ours_key, metric, floor = target["ours"], target["metric"], target["ratio"]
         value = None
-        if isinstance(peer, dict) and "floor" in peer:  # {"floor": name, "metric": its key}
+        if isinstance(peer, dict) and set(peer) == {"metric"}:  # the same row's other metric
+            if ours_key in present:
+                value = _ratio(med[ours_key][metric], med[ours_key][peer["metric"]])
+            peer = ours_key
+        elif isinstance(peer, dict) and "floor" in peer:  # {"floor": name, "metric": its key}
             measured = floors.get(peer["floor"])
             if measured and ours_key in present:
                 value = _ratio(med[ours_key][metric], measured.get(peer["metric"]))
@@ -1055,9 +1223,10 @@ def _reserved_connections(host: Path, env: dict[str, str]) -> int:
     return max(4, reserved)
 
 
-def prepare() -> Bench:
-    """Render, sync, migrate; the peers' databases and schemas; the peers' virtualenv."""
-    if not PEERS_PYTHON.exists():
+def prepare(peers: bool = True) -> Bench:
+    """Render, sync, migrate; with `peers` (a row of theirs, or a floor, is measured) the
+    peers' databases and schemas; the peers' virtualenv."""
+    if peers and not PEERS_PYTHON.exists():
         raise SystemExit(
             "bench: .bench/peers-venv is missing: run `make bench` (it installs "
             "bench/requirements-peers.txt there)"
@@ -1070,16 +1239,16 @@ def prepare() -> Bench:
     # Every system starts from compiled bytecode, as a deployed image does: a process that
     # compiles its imports at start (PYTHONDONTWRITEBYTECODE, a fresh venv) pays seconds
     # of CPU that no queue spends in production.
-    for python, tree in (
-        (host / ".venv/bin/python", host),
-        (PEERS_PYTHON, PEERS_PYTHON.parents[1]),
-    ):
+    trees = [(host / ".venv/bin/python", host)]
+    if peers:
+        trees.append((PEERS_PYTHON, PEERS_PYTHON.parents[1]))
+    for python, tree in trees:
         demo.run([str(python), "-m", "compileall", "-q", "-j", "0", str(tree)], cwd=REPO, env=env)
     demo.run(["bash", "scripts/infra-up.sh"], cwd=host, env=env)
-    asyncio.run(_recreate_databases())
+    asyncio.run(_recreate_databases(peers))
     owner = f"postgresql+asyncpg://acme_owner@{PG_HOST}/{OURS_DB}"
     demo.run(["make", "migrate"], cwd=host, env={**env, "ACME_MIGRATION_URL": owner})
-    for system in ("procrastinate", "pgqueuer"):
+    for system in ("procrastinate", "pgqueuer") if peers else ():
         cmd = [str(PEERS_PYTHON), str(BENCH / "peers.py"), "install", "--system", system]
         _json_out([*cmd, "--dsn", _peer_dsn(system)], cwd=REPO, env=dict(os.environ))
     logs = WORK / "logs"
@@ -1092,13 +1261,15 @@ def main() -> int:
     began = time.monotonic()
     targets = json.loads((BENCH / "targets.json").read_text())
     wanted = [k for k in os.environ.get("BENCH_ROWS", "").split(",") if k]
-    bench = prepare()
+    # The fairness row alone needs neither the peers nor the floors measured beside them.
+    peers = not wanted or any(not r.fairness for r in ROWS if r.key in wanted)
+    bench = prepare(peers)
     rows = [replace(r, pool_extra=bench.pool_extra) for r in ROWS if not wanted or r.key in wanted]
     if bench.pool_extra != 4:
         print(f"bench: the rendered settings reserve {bench.pool_extra} connections: pool = "
               f"capacity + {bench.pool_extra}")  # fmt: skip
     versions = _json_out([str(PEERS_PYTHON), str(BENCH / "peers.py"), "versions"], cwd=REPO,
-                         env=dict(os.environ))  # fmt: skip
+                         env=dict(os.environ)) if peers else {}  # fmt: skip
     runs: dict[str, list[Measurement]] = {r.key: [] for r in rows}
     pgbench: list[float] = []
     wake_floors: list[dict[str, float]] = []
@@ -1116,7 +1287,7 @@ def main() -> int:
                 f"({m.end_state}){notes} [{time.monotonic() - started:.0f} s]",
                 flush=True,
             )
-        tps = bench.pgbench()
+        tps = bench.pgbench() if peers else None
         if tps is not None:
             pgbench.append(tps)
         if "ours_c10" in keys and (found := bench.wake_floor()) is not None:
@@ -1134,6 +1305,7 @@ def main() -> int:
         f"medians. Peers: " + ", ".join(f"{k} {v}" for k, v in versions.items())
     )
     print_table(rows, med)
+    print_fairness(rows, med, runs)
     floor = statistics.median(pgbench) if pgbench else None
     print(f"\npgbench floor (one-row prepared UPDATE ... RETURNING, 4 clients): {_fmt(floor)} tps")
     ratios = print_ratios(rows, med)
@@ -1159,6 +1331,12 @@ def main() -> int:
             "drain_timeout_s": DRAIN_TIMEOUT,
             "wake_count": WAKE_COUNT,
             "wake_cadence_s": WAKE_CADENCE,
+            "fairness": {
+                "items": FAIR_ITEMS,
+                "rate_per_s": FAIR_RATE,
+                "tenants": FAIR_TENANTS,
+                "spread_items": FAIR_SPREAD_ITEMS,
+            },
             "best_capacity": {"capacity": BEST_CAPACITY, "pool": BEST_CAPACITY + bench.pool_extra},
         },
         "versions": versions,

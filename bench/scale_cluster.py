@@ -212,7 +212,7 @@ def completed(port: int) -> int | None:
 async def table_stats(conn: asyncpg.Connection) -> dict[str, Any]:
     row = await conn.fetchrow(
         "SELECT n_live_tup, n_dead_tup, autovacuum_count,"
-        " pg_relation_size('ix_work_items_claimable') / 8192 AS claim_index_pages"
+        " pg_relation_size('ix_work_items_claim_order') / 8192 AS claim_index_pages"
         " FROM pg_stat_user_tables WHERE relname = 'work_items'"
     )
     return dict(row)

@@ -501,7 +501,7 @@ def test_a_schema_release_reaches_a_database_behind_a_revision_of_the_hosts_own(
     assert "queue at head and equal to the tables" in checked, checked
     assert queue_version(database) == [join]
     schema = queue_schema(database)
-    assert "ix_work_items_claimable" in schema["indexes"], "the template's change did not land"
+    assert "ix_work_items_claim_order" in schema["indexes"], "the template's change did not land"
     assert "ix_work_items_lane_status_available_at" not in schema["indexes"]
     assert "work_items_notify" in schema["triggers"]
     assert USER_CONSTRAINT in schema["checks"], "the host's own change was lost"

@@ -86,7 +86,10 @@ class OrderCases(StorageCases):
         older = oldest_first(await self.backlog(storage, big, lane, 6))
         (only,) = await self.backlog(storage, small, lane, 1)
         claimed = await self.claim_ids(storage, lane, 4)
-        assert set(claimed) == {only.id, *(i.id for i in older[:3])}
+        ids = [i.id for i in older]
+        assert set(claimed) == {only.id, *(i.id for i in older[:3])}, [
+            ids.index(c) if c in ids else "B" for c in claimed
+        ]
 
     async def test_a_priority_buys_no_bigger_share(
         self, storage: WorkStorageInterface, lane: str

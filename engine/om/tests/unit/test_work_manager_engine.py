@@ -369,6 +369,37 @@ async def test_enqueue_relayed_refuses_an_unknown_kind_and_another_tenant(
         await bench.work.enqueue_relayed(uuid4(), outbox_row(ctx, f"work.{KIND.value}"))
 
 
+async def test_every_enqueue_path_takes_a_priority_and_refuses_one_out_of_its_range(
+    bench: WorkBench, ctx: OpContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The single, many and bulk enqueues store the priority asked; without one an item,
+    a relayed one too, takes its kind's policy priority; one out of -10..10 (or no int) is
+    refused naming the range, with nothing written (docs/decisions/0036)."""
+    monkeypatch.setitem(WORK_POLICIES, KIND, WORK_POLICIES[KIND].model_copy(update={"priority": 4}))
+    out_of_range = r"^priority: 11 is out of range; use an integer from -10 to 10"
+    with pytest.raises(Invalid, match=out_of_range):
+        await bench.work.enqueue(ctx, new_item(ctx, priority=11))
+    with pytest.raises(Invalid, match=out_of_range):
+        await bench.work.enqueue_many(ctx, [new_item(ctx), new_item(ctx, priority=11)])
+    with pytest.raises(Invalid, match=out_of_range):
+        await bench.work.enqueue_bulk(ctx, KIND, [payload()], priority=11)
+    with pytest.raises(Invalid, match=r"^priority: must be an integer from -10 to 10, got bool"):
+        await bench.work.enqueue_bulk(ctx, KIND, [payload()], priority=True)
+    with pytest.raises(Invalid, match=r"^priority: -11 is out of range"):
+        WorkItem.new(org_id=ctx.org_id, kind=KIND, payload=payload(), priority=-11)
+    assert await bench.work.list_items(ctx) == []
+
+    one = await bench.work.enqueue(ctx, new_item(ctx, priority=7))
+    (many,) = await bench.work.enqueue_many(ctx, [new_item(ctx, priority=-10)])
+    (bulk,) = await bench.work.enqueue_bulk(ctx, KIND, [payload()], priority=10)
+    (bulk_default,) = await bench.work.enqueue_bulk(ctx, KIND, [payload()])
+    made = WorkItem.new(org_id=ctx.org_id, kind=KIND, payload=payload(), lane=LANE)
+    relayed = await bench.work.enqueue_relayed(ctx.org_id, outbox_row(ctx, f"work.{KIND.value}"))
+    assert (one.priority, many.priority, made.priority, relayed.priority) == (7, -10, 4, 4)
+    assert (await bench.work.get(ctx, bulk)).priority == 10
+    assert (await bench.work.get(ctx, bulk_default)).priority == 4
+
+
 # -- claim -------------------------------------------------------------------------------------
 
 
@@ -517,8 +548,8 @@ async def test_a_batch_of_another_context_stops_the_early_ask(
     """Once a batch brings another context, the early answer goes unused once and is asked
     no more: items that each come from their own request never pay for it."""
     await bench.work.enqueue_many(ctx, [new_item(ctx) for _ in range(2)])
-    clock.advance(1)  # the other tenant's items are due after these
-    other = await bench.member("other")
+    clock.advance(1)  # the other request's items are due after these (one tenant: in order)
+    other = dataclasses.replace(ctx, request=RequestContext.new(ctx.request.app))
     await bench.work.enqueue(other, new_item(other))
     await bench.work.enqueue(other, new_item(other))
     recorder = _Recorder(bench, monkeypatch)
@@ -526,7 +557,7 @@ async def test_a_batch_of_another_context_stops_the_early_ask(
     await recorder.claim(bench)  # the same context twice: the next claim asks early
 
     (pair,) = await recorder.claim(bench)
-    assert pair[0].org_id == other.org_id
+    assert pair[0].caused_by_request_id == other.request.request_id
     assert recorder.events == [
         ("claim", "start"),
         ("ask", ctx.org_id),  # early, and unused

@@ -56,7 +56,7 @@ from acme.om.work.storage.impl.postgres_statements import (
     new_values,
     unreadable_values,
 )
-from acme.om.work.storage.impl.sql import SqlWorkStorage, created_items, shares_cut
+from acme.om.work.storage.impl.sql import SqlWorkStorage, created_items
 from acme.om.work.storage.impl.sql_operator import row_to_item, rows_read
 from acme.om.work.storage.tables.work_items import UtcDateTime, work_items
 from acme.om.work.storage.tables.work_schedules import work_schedules
@@ -199,11 +199,17 @@ class PostgresWorkStorage(SqlWorkStorage):
             inserted = set((await conn.execute(NEW.named, params)).scalars())
         return inserted | (written & set(items.ids))
 
-    async def _claim_once(
-        self, lane: str, kinds: Sequence[WorkKind], worker_id: str, lease: float, limit: int
-    ) -> tuple[WorkRows, bool]:
-        """See `SqlWorkStorage._claim_once`: the same statement (`claim_statement`), under
-        the system scope, on a held connection when one is free; the dead letter of each
+    async def claim_next(
+        self,
+        lane: str,
+        kinds: Sequence[WorkKind],
+        worker_id: str,
+        lease: float,
+        *,
+        limit: int = 1,
+    ) -> WorkRows:
+        """See `SqlWorkStorage.claim_next`: the same statement (`claim_statement`), under the
+        system scope, on a held connection when one is free; the dead letter of each
         unreadable row it claimed follows as a statement of its own, fenced on the claim's
         token (a process that stops in between leaves the row claimed until its lease ends;
         the next claim of it dead-letters it then).
@@ -215,24 +221,22 @@ class PostgresWorkStorage(SqlWorkStorage):
         fails the claim instead of stalling every later one. A connection that stops
         answering is given `CLAIM_TIMEOUT_GRACE_S` more: then `TimeoutError`, and the
         connection is closed."""
-        if self._connections is None:
-            return await super()._claim_once(lane, kinds, worker_id, lease, limit)
+        if self._connections is None or not kinds or limit < 1:
+            return await super().claim_next(lane, kinds, worker_id, lease, limit=limit)
         claim = claim_statement(len(kinds))
         values = claim_values(lane, kinds, worker_id, lease, limit)
         try:
             async with self._connections.statements(EMPTY_UUID, timeout_s=lease) as conn:
                 if conn is None:
-                    return await super()._claim_once(lane, kinds, worker_id, lease, limit)
+                    return await super().claim_next(lane, kinds, worker_id, lease, limit=limit)
                 timeout_s = lease + CLAIM_TIMEOUT_GRACE_S
-                rows, cut = shares_cut(
-                    await conn.fetch(claim.numbered, *values, timeout_s=timeout_s), limit
-                )
-                read = rows_read(rows)
+                rows = await conn.fetch(claim.numbered, *values, timeout_s=timeout_s)
+                read = rows_read([dict(row) for row in rows])
                 dead = [await _dead_letter_unreadable(conn, row) for row in read.unreadable]
         except Unsent:
-            return await super()._claim_once(lane, kinds, worker_id, lease, limit)
+            return await super().claim_next(lane, kinds, worker_id, lease, limit=limit)
         items = sorted(read, key=claim_order)
-        return WorkRows(items, [row for row in dead if row is not None]), cut
+        return WorkRows(items, [row for row in dead if row is not None])
 
     async def complete_items(self, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
         """See `SqlWorkStorage.complete_items`: the same statement (`COMPLETE`), under tenant

@@ -16,11 +16,11 @@ from functools import cache
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import ColumnElement, Integer, TextClause, TextualSelect, column, text
+from sqlalchemy import ColumnElement, TextClause, TextualSelect, text
 
 from acme.om.types import EMPTY_UUID
 from acme.om.work.storage import NewItems
-from acme.om.work.storage.impl.sql import CLAIM_SHARE, unreadable_error
+from acme.om.work.storage.impl.sql import unreadable_error
 from acme.om.work.storage.tables.work_items import claim_rank_sql, work_items
 from acme.om.work.types.work_item import UnreadableRow, WorkItem, WorkKind, WorkStatus
 
@@ -320,57 +320,88 @@ def _available(alias: str, lane: str, kinds: Sequence[str]) -> str:
     )
 
 
+TENANT_WINDOW = 32
+"""How many tenants with available items one claim considers at most, per kind, unless it
+has more slots (a window from a random tenant id on): a claim's skip scan costs one index
+probe per tenant, so its cost stays bounded with thousands of tenants (docs/decisions/0037)."""
+
+
 @cache
 def claim_statement(kinds: int) -> Statement:
     """The claim for `kinds` kinds, one parameter each, read from `ix_work_items_claim_order`
     (docs/decisions/0037): tenants share first, priority orders within a tenant.
 
-    Per kind, a skip scan (a recursive CTE, one index probe per tenant) lists the tenants
-    holding available items; each may take `ceil(limit / tenants)` due items (its share),
-    in its claim order (`claim_rank_sql`: priority with aging, then `available_at`, then
-    `id`; the index's order, so a tenant's `LIMIT` stops after its share), locked with
-    SKIP LOCKED as it reads them; the tenants are visited in random order and the whole
-    stops at the limit, so no tenant's place in the index buys it the first slot. The
-    UPDATE claims exactly those rows, each under a fresh token for the lease (s) (River's
-    `JobGetAvailable`), and returns each row with the share (`CLAIM_SHARE`).
-    Parameters as `claim_values`."""
+    Per kind, a skip scan (a recursive CTE, one index probe per tenant) lists up to
+    `TENANT_WINDOW` (or `limit`, when more) tenants holding available items, from a random
+    tenant id on, wrapping round: the claim's cost is bounded whatever the tenants. Each
+    takes up to `ceil(limit / tenants)` due items (its share) in its claim order
+    (`claim_rank_sql`, then `id`: the index's, so its `LIMIT` reads no further), locked
+    with SKIP LOCKED as they are read, the tenants in random order, so no tenant's place
+    in the index buys it the first slot; slots the shares leave go to the tenants' next
+    items (`_turns`); the whole stops at the limit. The UPDATE claims exactly those rows,
+    each under a fresh token for the lease (s) (River's `JobGetAvailable`). Parameters as
+    `claim_values`."""
     names = ["lane", "limit", "worker_id", "lease_s", *(f"kind_{n}" for n in range(kinds))]
 
     def write(p: Sequence[str]) -> str:
         lane, limit, worker_id, lease_s, *listed = p
-        scans = []
+        window = f"greatest({TENANT_WINDOW}, {limit})"
+        scans, windows = [], []
         for n, kind in enumerate(listed):
             first = f"SELECT w.org_id FROM work_items w WHERE {_available('w', lane, [kind])}"
-            scans.append(
-                f"tenants_{n} AS (({first} ORDER BY w.org_id LIMIT 1) UNION ALL"
-                f" SELECT ({first} AND w.org_id > t.org_id ORDER BY w.org_id LIMIT 1)"
-                f" FROM tenants_{n} t WHERE t.org_id IS NOT NULL)"
+            step = f"({first} AND w.org_id > t.org_id"
+            for name, start, bound in (
+                (f"up_{n}", " AND w.org_id >= (SELECT org_id FROM start)", ""),
+                (f"wrap_{n}", "", " AND w.org_id < (SELECT org_id FROM start)"),
+            ):
+                base = first.replace("SELECT w.org_id", "SELECT w.org_id, 1", 1)
+                scans.append(
+                    f"{name}(org_id, seen) AS (({base}{start} ORDER BY w.org_id LIMIT 1)"
+                    f" UNION ALL SELECT {step}{bound} ORDER BY w.org_id LIMIT 1), t.seen + 1"
+                    f" FROM {name} t WHERE t.org_id IS NOT NULL AND t.seen < {window})"
+                )
+            windows.append(
+                f"(SELECT org_id FROM up_{n} WHERE org_id IS NOT NULL UNION ALL"
+                f" SELECT org_id FROM wrap_{n} WHERE org_id < (SELECT org_id FROM start)"
+                f" LIMIT {window})"
             )
-        found = " UNION ".join(f"SELECT org_id FROM tenants_{n}" for n in range(len(listed)))
-        rank = claim_rank_sql("w.available_at", "w.priority")
+        found = " UNION ".join(windows)
+        # The slots the shares left, to the tenants' next items: read only when they did.
+        more = _turns(lane, listed, f"LIMIT {limit}", " AND w.id NOT IN (SELECT id FROM shared)")
         return (
-            f"WITH RECURSIVE {', '.join(scans)},"
-            f" tenants AS MATERIALIZED (SELECT org_id FROM ({found}) AS found"
-            " WHERE org_id IS NOT NULL),"
+            "WITH RECURSIVE start AS MATERIALIZED (SELECT gen_random_uuid() AS org_id),"
+            f" {', '.join(scans)},"
+            f" tenants AS MATERIALIZED (SELECT org_id FROM ({found}) AS found),"
             f" share AS (SELECT CAST(ceil(CAST({limit} AS float8) / greatest(count(*), 1))"
             " AS integer) AS per_tenant FROM tenants),"
-            " picked AS (SELECT taken.id, share.per_tenant FROM share CROSS JOIN"
-            " (SELECT org_id FROM tenants ORDER BY random()) AS due CROSS JOIN LATERAL"
-            f" (SELECT w.id FROM work_items w WHERE {_available('w', lane, listed)}"
-            " AND w.org_id = due.org_id AND w.available_at <= statement_timestamp()"
-            " AND w.deleted_at IS NULL AND w.attempts < w.max_attempts"
-            f" ORDER BY {rank}, w.id LIMIT share.per_tenant FOR UPDATE SKIP LOCKED) AS taken"
+            " due AS MATERIALIZED (SELECT org_id FROM tenants ORDER BY random()),"
+            f" shared AS MATERIALIZED ({_turns(lane, listed, 'LIMIT share.per_tenant')}"
+            f" LIMIT {limit}),"
+            f" picked AS (SELECT id FROM (SELECT id FROM shared UNION ALL {more}) AS turns"
             f" LIMIT {limit})"
             f" UPDATE work_items SET status = '{WorkStatus.CLAIMED.value}',"
             f" attempts = work_items.attempts + 1, claimed_by = {worker_id},"
             " claim_token = gen_random_uuid(), claimed_at = statement_timestamp(),"
             f" lease_expires_at = statement_timestamp() + make_interval(secs => {lease_s}),"
             f" note = NULL, updated_at = statement_timestamp(), updated_by = '{EMPTY_UUID}'"
-            f" FROM picked WHERE work_items.id = picked.id"
-            f" RETURNING {_COLUMNS}, picked.per_tenant AS {CLAIM_SHARE}"
+            f" FROM picked WHERE work_items.id = picked.id RETURNING {_COLUMNS}"
         )
 
-    return statement(write, names, (*t.c, column(CLAIM_SHARE, Integer)))
+    return statement(write, names, tuple(t.c))
+
+
+def _turns(lane: str, kinds: Sequence[str], bound: str, exclude: str = "") -> str:
+    """The claim's rows of each due tenant (`due`, in its random order), at most `bound`
+    (`LIMIT`, `share.per_tenant` its share) of each in its claim order, `exclude` added to
+    their filter, locked with SKIP LOCKED as they are read."""
+    rank = claim_rank_sql("w.available_at", "w.priority")
+    return (
+        "SELECT taken.id FROM share CROSS JOIN due CROSS JOIN LATERAL"
+        f" (SELECT w.id FROM work_items w WHERE {_available('w', lane, kinds)}"
+        " AND w.org_id = due.org_id AND w.available_at <= statement_timestamp()"
+        f" AND w.deleted_at IS NULL AND w.attempts < w.max_attempts{exclude}"
+        f" ORDER BY {rank}, w.id {bound} FOR UPDATE SKIP LOCKED) AS taken"
+    )
 
 
 def claim_values(

@@ -16,7 +16,6 @@ Rows are read with `read_row`: a row the model refuses is reported (`WorkRows.un
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import cached_property
@@ -65,28 +64,10 @@ from acme.om.work.types.work_item import (
 t = work_items
 s = work_schedules
 
-CLAIM_SHARE = "tenant_share"
-"""The column PostgreSQL's claim returns beside each row: how many items it let each due
-tenant take (docs/decisions/0037); a claim cut short by it is repeated for the slots left."""
-
 
 def unreadable_error(row: UnreadableRow) -> str:
     """The `last_error` of an unreadable row's dead letter (at most 2,000 characters)."""
     return f"{UNREADABLE}: {row.problem}"[:2000]
-
-
-def shares_cut(rows: Sequence[Mapping[Any, Any]], limit: int) -> tuple[list[dict[str, Any]], bool]:
-    """A claim's rows without the share column (`CLAIM_SHARE`, PostgreSQL's), and whether
-    the shares cut the claim: fewer rows than `limit`, and some tenant took its whole share
-    (so it may hold more). A claim without the column (SQLite's) is never cut."""
-    found = [dict(row) for row in rows]
-    shares = [row.pop(CLAIM_SHARE, None) for row in found]
-    if len(found) >= limit or None in shares or not shares:
-        return found, False
-    taken = Counter(row["org_id"] for row in found)
-    return found, any(
-        taken[row["org_id"]] >= share for row, share in zip(found, shares, strict=True)
-    )
 
 
 def created_items(
@@ -149,7 +130,7 @@ class SqlWorkStorage(SqlOperatorStatements):
         """The claim as one statement in `conn`'s transaction: up to `limit` due rows of
         `lane` and `kinds` in the claim's order (`WorkStorageInterface.claim_next`), each
         claimed by `worker_id` for `lease_s` seconds under a fresh token; the rows as
-        written, with `CLAIM_SHARE` where the statement gives each tenant a share."""
+        written."""
 
     @abstractmethod
     async def _complete_rows(
@@ -420,41 +401,18 @@ class SqlWorkStorage(SqlOperatorStatements):
     ) -> WorkRows:
         """Claim up to `limit` due items across tenants (tenant-less: see the interface).
 
-        One claim statement (`_claim_once`); a claim that left slots empty while a tenant
-        took its whole share (docs/decisions/0037: that tenant may hold more) is repeated
-        for the slots left, until they are filled or a claim takes nothing.
-        """
-        claimed = WorkRows()
-        wanted = limit
-        while kinds and wanted > 0:
-            read, cut = await self._claim_once(lane, kinds, worker_id, lease, wanted)
-            claimed.extend(read)
-            claimed.unreadable.extend(read.unreadable)
-            taken = len(read) + len(read.unreadable)
-            wanted -= taken
-            if not cut or taken == 0:
-                break
-        return claimed
-
-    async def _claim_once(
-        self, lane: str, kinds: Sequence[WorkKind], worker_id: str, lease: float, limit: int
-    ) -> tuple[WorkRows, bool]:
-        """One claim statement: the rows it claimed, and whether a tenant's share cut it
-        (`shares_cut`).
-
         Opens its session under the system scope, `EMPTY_UUID` passed explicitly, since
         the claim finds out which tenant's item is due and returns the tenant with it. The
         rows are read inside the claim's transaction, so a row that does not validate is
         made a dead letter before the claim commits and is never seen claimed.
         """
+        if not kinds or limit < 1:
+            return WorkRows()
         async with self._session(DatabaseRole.QUEUE, EMPTY_UUID) as conn:
-            rows, cut = shares_cut(
-                await self._claim_rows(conn, lane, kinds, worker_id, lease, limit), limit
-            )
-            read = rows_read(rows)
+            read = rows_read(await self._claim_rows(conn, lane, kinds, worker_id, lease, limit))
             dead = [await self._dead_letter_unreadable(conn, row) for row in read.unreadable]
         items = sorted(read, key=claim_order)
-        return WorkRows(items, [row for row in dead if row is not None]), cut
+        return WorkRows(items, [row for row in dead if row is not None])
 
     async def _dead_letter_unreadable(
         self, conn: AsyncConnection, row: UnreadableRow
