@@ -286,7 +286,9 @@ async def test_the_claim_reads_its_index_in_order_whatever_the_tenants_hold(
             explained = await owner.fetchval(f"EXPLAIN (FORMAT JSON) {claim.numbered}", *values)
         (plan,) = json.loads(explained)
         reads = _reads_of_work_items(plan["Plan"])
-        assert {index for _, index in reads} == {"ix_work_items_claim_order", "pk_work_items"}
+        assert {index for _, index in reads} == {"ix_work_items_claim_order", "pk_work_items"}, (
+            reads
+        )
         assert not [r for r in reads if r[0] in ("Seq Scan", "Bitmap Heap Scan")], reads
         assert _sorts_of_work_items(plan["Plan"]) == [], plan
     finally:

@@ -350,14 +350,17 @@ def claim_statement(kinds: int) -> Statement:
         for n, kind in enumerate(listed):
             first = f"SELECT w.org_id FROM work_items w WHERE {_available('w', lane, [kind])}"
             step = f"({first} AND w.org_id > t.org_id"
+            # The tenant's rank after its id: an order only the claim index gives, so no
+            # plan walks another index by `org_id` through the history.
+            probe = f"ORDER BY w.org_id, {claim_rank_sql('w.available_at', 'w.priority')} LIMIT 1"
             for name, start, bound in (
                 (f"up_{n}", " AND w.org_id >= (SELECT org_id FROM start)", ""),
                 (f"wrap_{n}", "", " AND w.org_id < (SELECT org_id FROM start)"),
             ):
                 base = first.replace("SELECT w.org_id", "SELECT w.org_id, 1", 1)
                 scans.append(
-                    f"{name}(org_id, seen) AS (({base}{start} ORDER BY w.org_id LIMIT 1)"
-                    f" UNION ALL SELECT {step}{bound} ORDER BY w.org_id LIMIT 1), t.seen + 1"
+                    f"{name}(org_id, seen) AS (({base}{start} {probe})"
+                    f" UNION ALL SELECT {step}{bound} {probe}), t.seen + 1"
                     f" FROM {name} t WHERE t.org_id IS NOT NULL AND t.seen < {window})"
                 )
             windows.append(
