@@ -108,6 +108,7 @@ MIGRATION_PATTERNS = [
         "work_items_cancelled_purge",
         "work_items_dead_letters",
         "work_items_schedules",
+        "work_items_priority",
     )
     for path in (
         rf"sql/queue/\d{{14}}_{name}\.up\.sql",

@@ -339,8 +339,9 @@ def claim_statement(kinds: int) -> Statement:
     with SKIP LOCKED as they are read, the tenants in random order, so no tenant's place
     in the index buys it the first slot; slots the shares leave go to the tenants' next
     items (`_turns`); the whole stops at the limit. The UPDATE claims exactly those rows,
-    each under a fresh token for the lease (s) (River's `JobGetAvailable`). Parameters as
-    `claim_values`."""
+    each under a fresh token for the lease (s) (River's `JobGetAvailable`). A paused lane
+    has no tenants: the pause is a guard of its own (uncorrelated, so PostgreSQL checks it
+    once per statement; docs/decisions/0040). Parameters as `claim_values`."""
     names = ["lane", "limit", "worker_id", "lease_s", *(f"kind_{n}" for n in range(kinds))]
 
     def write(p: Sequence[str]) -> str:
@@ -374,7 +375,8 @@ def claim_statement(kinds: int) -> Statement:
         return (
             "WITH RECURSIVE start AS MATERIALIZED (SELECT gen_random_uuid() AS org_id),"
             f" {', '.join(scans)},"
-            f" tenants AS MATERIALIZED (SELECT org_id FROM ({found}) AS found),"
+            f" tenants AS MATERIALIZED (SELECT org_id FROM ({found}) AS found"
+            f" WHERE NOT EXISTS (SELECT 1 FROM work_lane_pauses WHERE lane = {lane})),"
             f" share AS (SELECT CAST(ceil(CAST({limit} AS float8) / greatest(count(*), 1))"
             " AS integer) AS per_tenant FROM tenants),"
             " due AS MATERIALIZED (SELECT org_id FROM tenants ORDER BY random()),"
