@@ -50,17 +50,14 @@ class WorkManagerInterface(ABC):
     async def enqueue(self, ctx: OpContext, item: WorkItem) -> WorkItem:
         """Insert `item` in `ctx`'s tenant, or return the row that already holds it.
 
-        The payload is validated against `WORK_PAYLOADS[item.kind]`. The actor, status,
-        attempts and causing request are stamped from `ctx` and every claim field cleared,
-        whatever the caller sent; the id and the timestamps stay as constructed. A duplicate id or
-        `idempotency_key` returns the existing row untouched (a retried enqueue never
-        resets a claim). Publishes `Topics.WORK_AVAILABLE` after the commit, in a task of
-        its own (the call does not wait for it; see `publish_owed_wake_ups`). Raises
-        `Invalid` naming the field (an unknown kind, a payload field, an `org_id` of
-        another tenant or the nil tenant `EMPTY_UUID`, the system scope, a lane that is not
-        snake_case of at most 100 characters, the rule a worker's `LANE` setting applies,
-        a NUL character in a payload string or an idempotency key, a `priority` out of
-        `PRIORITY_MIN`..`PRIORITY_MAX`) with nothing written.
+        The payload is validated against `WORK_PAYLOADS[item.kind]`; actor, status, attempts
+        and causing request are stamped from `ctx`, claim fields cleared. A duplicate id or
+        `idempotency_key` returns the existing row untouched. Publishes
+        `Topics.WORK_AVAILABLE` after the commit, without waiting (`publish_owed_wake_ups`).
+        Raises `Invalid` naming the field, with nothing written: an unknown kind, a payload
+        field, an `org_id` of another tenant or `EMPTY_UUID`, a lane that is not snake_case
+        of at most 100 characters, a NUL in a payload string or key, a `priority` outside
+        `PRIORITY_MIN`..`PRIORITY_MAX`.
         """
 
     @abstractmethod
@@ -425,14 +422,9 @@ class WorkManagerInterface(ABC):
         history and are not read).
 
         Each `AVAILABLE` group also carries `oldest_available_age` (seconds, on the
-        database clock): how long its oldest due item has waited; each group its
-        `audit_owed`, which also sets the gauge `work_dead_letters_unaudited{kind}`. On
-        PostgreSQL it also sets `work_queue_oldest_snapshot_xid_age{database}`: the age, in
-        transaction ids, of the oldest snapshot another session of the database holds
-        (`WorkStorageInterface.oldest_snapshot`), and
-        `work_queue_oldest_snapshot_age_seconds{database}`: how long this process has seen
-        it held; elsewhere those gauges stay unset. It also sets `work_lane_paused{lane}`: 1
-        for each paused lane, 0 for one resumed.
+        database clock); each group its `audit_owed`. Sets the gauges
+        `work_dead_letters_unaudited{kind}`, `work_lane_paused{lane}` and, on PostgreSQL,
+        the oldest snapshot's (`WorkStorageInterface.oldest_snapshot`).
         """
 
     @abstractmethod

@@ -8,22 +8,12 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 
 class WorkMetrics:
-    """Counters the work manager moves, labelled by kind (and by reason or operation).
-
-    `dead_letters` counts every item failed for good, with `reason` `attempts` (the last
-    attempt failed), `lease` (the sweep found it out of attempts), `tenant` (its tenant
-    is gone), `unreadable` (a claimed row the model refuses) or `handler` (its handler's
-    `PermanentFailure`); `fencing_conflicts` counts writes refused because the claim token
-    no longer matched, by `operation` (never a write refused by a cancel); `cancelled`
-    counts operators' cancels, by the status cancelled from (`was`: `available`, `claimed`).
-    `dead_letters_unaudited` is a gauge: the dead letters, across tenants, whose audit entry
-    is not written yet, as the last `queue_stats` counted them (each sweep pass);
-    `oldest_snapshot_xid_age` is a gauge too: in transaction ids, how far the oldest snapshot
-    another session of the `database` holds lags behind, as the last `queue_stats` read it
-    (PostgreSQL only), and `oldest_snapshot_age` how long, in seconds, this process has seen
-    that same snapshot held (from its first sighting); `lane_paused` is 1 for each paused
-    lane, 0 once resumed, as the last `queue_stats` read them. One set per registry (a
-    second raises `ValueError`); `default_metrics()` is the process-wide one.
+    """The work manager's counters and gauges; each one's help text says what it counts
+    (docs/operations.md, "Metrics"). The gauges (`dead_letters_unaudited`, the oldest
+    snapshot's `oldest_snapshot_xid_age` and `oldest_snapshot_age`, `lane_paused`) are set by
+    each `queue_stats` pass; a dead letter's `reason` is `attempts`, `lease`, `tenant`,
+    `unreadable` or `handler`. One set per registry (a second raises `ValueError`);
+    `default_metrics()` is the process-wide one.
     """
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:

@@ -331,17 +331,13 @@ def claim_statement(kinds: int) -> Statement:
     """The claim for `kinds` kinds, one parameter each, read from `ix_work_items_claim_order`
     (docs/decisions/0037): tenants share first, priority orders within a tenant.
 
-    Per kind, a skip scan (a recursive CTE, one index probe per tenant) lists up to
-    `TENANT_WINDOW` (or `limit`, when more) tenants holding available items, from a random
-    tenant id on, wrapping round: the claim's cost is bounded whatever the tenants. Each
-    takes up to `ceil(limit / tenants)` due items (its share) in its claim order
-    (`claim_rank_sql`, then `id`: the index's, so its `LIMIT` reads no further), locked
-    with SKIP LOCKED as they are read, the tenants in random order, so no tenant's place
-    in the index buys it the first slot; slots the shares leave go to the tenants' next
-    items (`_turns`); the whole stops at the limit. The UPDATE claims exactly those rows,
-    each under a fresh token for the lease (s) (River's `JobGetAvailable`). A paused lane
-    has no tenants: the pause is a guard of its own (uncorrelated, so PostgreSQL checks it
-    once per statement; docs/decisions/0040). Parameters as `claim_values`."""
+    Per kind, a skip scan (one index probe per tenant) lists up to `TENANT_WINDOW` (or
+    `limit`) tenants with available items from a random tenant id on; each takes up to
+    `ceil(limit / tenants)` due items in its claim order (`claim_rank_sql`, then `id`),
+    locked with SKIP LOCKED, tenants in random order; slots left go to the tenants' next
+    items (`_turns`). The UPDATE claims those rows under a fresh token for the lease (s)
+    (River's `JobGetAvailable`). A paused lane's guard is uncorrelated, checked once per
+    statement (docs/decisions/0040). Parameters as `claim_values`."""
     names = ["lane", "limit", "worker_id", "lease_s", *(f"kind_{n}" for n in range(kinds))]
 
     def write(p: Sequence[str]) -> str:
