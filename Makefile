@@ -14,7 +14,7 @@ PYTEST_WORKERS ?= auto
 RUNTIME_ONLY_DEPS := "cronsim>=2.8"
 XDIST_VERSION := $(shell sed -n '/^name = "pytest-xdist"/{n;s/version = "\(.*\)"/\1/p}' uv.lock)
 
-.PHONY: help setup services demo test engine-check bench bench-scale chaos soak lint clean release-manifest release-check
+.PHONY: help setup services browser demo test engine-check bench bench-scale chaos soak lint clean release-manifest release-check
 
 help:
 	@echo "make demo   render shipment-notifier into the reference host and process 200 items"
@@ -60,10 +60,14 @@ setup:
 services:
 	@bash scripts/services.sh
 
+## The browser test's Chromium (Debian packages), installed when missing.
+browser:
+	@bash scripts/browser.sh
+
 demo: setup
 	@$(UV) run --locked --quiet python scripts/demo.py $(DEMO_ARGS)
 
-test: setup services
+test: setup services browser
 	@$(UV) run --locked ruff check --quiet extensions tests scripts bench
 	@$(UV) run --locked ruff format --check --quiet extensions tests scripts bench
 	@$(UV) run --locked mypy
