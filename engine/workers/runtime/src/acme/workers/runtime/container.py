@@ -48,8 +48,9 @@ Handlers = Callable[[Managers], Mapping[WorkKind, WorkHandlerInterface]]
 class RuntimeContainer:
     """Everything the loop reaches: the managers, the infrastructure and the handlers.
 
-    A worker subclasses it and overrides `make_handlers` (its `Handlers`); `handlers` maps
-    each work kind the worker runs to its handler, and the loop claims those kinds.
+    A worker subclasses it and overrides `make_handlers` (its `Handlers`) and, with kinds
+    added to it, `added_handlers`; `handlers` maps each work kind the worker runs to its
+    handler, and the loop claims those kinds.
     `aclose()` on shutdown releases what `build` opened.
     """
 
@@ -63,6 +64,18 @@ class RuntimeContainer:
         """The worker's handler per kind, given the managers; each worker's container
         overrides it (`Handlers`). Raises `NotImplementedError` here."""
         raise NotImplementedError("a worker's container names its handlers (make_handlers)")
+
+    @staticmethod
+    def added_handlers(managers: Managers) -> Mapping[WorkKind, WorkHandlerInterface]:
+        """The handlers of the kinds added to the worker (`make add-kind`, its `kinds`
+        package), beside `make_handlers`' own: none here. Apart from `make_handlers`, so a
+        user's own handler factory carried across an update keeps them."""
+        return {}
+
+    @classmethod
+    def _handlers(cls, managers: Managers) -> dict[WorkKind, WorkHandlerInterface]:
+        grouped = with_group_commit(managers)
+        return {**cls.make_handlers(grouped), **cls.added_handlers(grouped)}
 
     @classmethod
     def build(cls, settings: RuntimeSettings) -> Self:
@@ -81,7 +94,7 @@ class RuntimeContainer:
         )
         infra = Infra.build(settings.infra)
         managers = build_managers(SqlStorageRoot(funnel), infra)
-        handlers = cls.make_handlers(with_group_commit(managers))
+        handlers = cls._handlers(managers)
         return cls(managers=managers, infra=infra, handlers=handlers, funnel=funnel)
 
     @classmethod
@@ -89,7 +102,7 @@ class RuntimeContainer:
         """A container over storage and infrastructure the test owns (and closes); the
         handlers' audit entries group-committed as in `build`."""
         managers = build_managers(storage, infra)
-        handlers = cls.make_handlers(with_group_commit(managers))
+        handlers = cls._handlers(managers)
         return cls(managers=managers, infra=infra, handlers=handlers)
 
     async def aclose(self) -> None:
