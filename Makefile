@@ -21,7 +21,7 @@ help:
 	@echo "make test   run the template's whole test suite (sets everything up first)"
 	@echo "make engine-check  ruff, mypy and the engine's own tests, read from engine/ (no render)"
 	@echo "make bench  ours vs procrastinate and pgqueuer, held to bench/targets.json"
-	@echo "make bench-scale  10M rows of history, 1M due: the claim and the drain at scale (~45 min)"
+	@echo "make bench-scale  10M rows of history, 1M due: the claim, the drain and an upgrade at scale (~1 h)"
 	@echo "make chaos  10,000 items through 4 workers under kill -9, outages and half-open links"
 	@echo "make soak   30 minutes at half capacity: no growth in memory, connections, fds, tasks"
 	@echo "make lint   ruff and strict mypy over the template's own Python"

@@ -12,7 +12,7 @@ Not part of CI (a full run took 44 min on 2 cores). Set-up:
    database made by the host's `scripts/infra-up.sh`, the schema by `make migrate`;
 3. `BENCH_SCALE_TENANTS` (100) tenants in `orgs`.
 
-Then the phases of `BENCH_SCALE_PHASES` (`drain,curve,churn`), in that order:
+Then the phases of `BENCH_SCALE_PHASES` (`drain,curve,churn,upgrade`), in that order:
 
 - `drain`: one worker process (capacity `BENCH_SCALE_CAPACITY`, 10; no Redis: PostgreSQL
   NOTIFY wake-ups) drains the baseline, `BENCH_SCALE_BASELINE` (20,000) due items on the
@@ -25,6 +25,9 @@ Then the phases of `BENCH_SCALE_PHASES` (`drain,curve,churn`), in that order:
   full minute at least `DRAIN_BOUND` (0.9) x the baseline's items/s.
 - `curve` and `churn`: `bench/churn.py` (1, 2, 4 and 8 worker processes; steady traffic
   with a short retention and a held snapshot, the alarm evaluated on the recorded gauge).
+- `upgrade`: `bench/upgrade.py` (the 0.1.0 release with the same rows, in a database of
+  its own, migrated revision by revision while two of its workers drain and 50 items/s
+  are enqueued; no revision written under the safe-revision rule stalls traffic past 3 s).
 
 Prints the tables and every bound; writes `.bench/scale-results.json`; exits 1 when a
 bound is missed or an item is left undone.
@@ -48,6 +51,7 @@ from typing import Any
 
 import asyncpg
 import churn
+import upgrade
 from scale_cluster import (
     BASELINE,
     CAPACITY,
@@ -71,7 +75,7 @@ from scale_cluster import (
 CLAIM_BOUND = 1.2
 DRAIN_BOUND = 0.9
 MINUTE = float(os.environ.get("BENCH_SCALE_MINUTE", "60"))
-PHASES = os.environ.get("BENCH_SCALE_PHASES", "drain,curve,churn").split(",")
+PHASES = os.environ.get("BENCH_SCALE_PHASES", "drain,curve,churn,upgrade").split(",")
 
 # The claim statement's opening (postgres_statements.claim_statement), as
 # pg_stat_statements keeps it.
@@ -267,6 +271,11 @@ async def phases(scale: Scale) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         )
         result["churn"] = await churn.churn(scale)
         checks += churn.churn_verdicts(result["churn"], scale.host)
+    if "upgrade" in PHASES:
+        say(f"upgrade: the 0.1.0 release migrated under {upgrade.RATE} items/s and two workers")
+        result["upgrade"] = await upgrade.upgrade(scale)
+        checks += upgrade.upgrade_verdicts(result["upgrade"])
+        upgrade.print_upgrade(result["upgrade"])
     return result, checks
 
 
