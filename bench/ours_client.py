@@ -6,6 +6,7 @@ enqueues through the host's own managers, as an application of the host would.
     python ours_client.py wake --url URL [--redis URL] --count N --cadence S
     python ours_client.py audit --url URL --batches N --size S
     python ours_client.py spread --url URL [--redis URL] --tenants T --items M --batch B
+    python ours_client.py reads --url URL --org ORG --repeat N
 
 `enqueue` creates a tenant, enqueues N items one call each (the generated
 `enqueue_notify_shipment`), then M items in batches of B, and prints one JSON line:
@@ -29,6 +30,10 @@ shaped as the default handler's, N times after one unmeasured batch, on a funnel
 the worker builds it (no pre-ping), and prints one JSON line: `wall_ms` and `cpu_ms` (this
 process's CPU) per batch, medians.
 
+`reads` times the work API's reads of tenant ORG through the host's manager, as the routes
+call them (docs/decisions/0046): N calls each after one unmeasured call, and prints one
+JSON line `{read: median ms}`.
+
 With `--redis` the process publishes `WORK_AVAILABLE` through Redis (`Infra.build`), so a
 worker in another process wakes on it; without, through the in-memory twin (no wake-up
 crosses the process boundary). An SQLite URL gets its tables created first, as the worker
@@ -42,8 +47,9 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 from acme.infra.container import Infra
 from acme.infra.settings import InfraSettings
@@ -59,7 +65,7 @@ from acme.om.work.enqueuers.notify_shipment import (
     enqueue_notify_shipment_many,
 )
 from acme.om.work.types.payloads.notify_shipment import NotifyShipmentPayload
-from acme.om.work.types.work_item import WorkItem, WorkKind
+from acme.om.work.types.work_item import WorkItem, WorkKind, WorkStatus
 from sqlalchemy.engine import make_url
 
 APP = AppContext(type=AppType.SERVICE, version="bench@0")
@@ -199,16 +205,55 @@ async def audit(url: str, batches: int, size: int) -> dict:
     return {"wall_ms": statistics.median(walls), "cpu_ms": statistics.median(cpus)}
 
 
+async def reads(url: str, org: str, repeat: int) -> dict:
+    """Median milliseconds of each read the work API makes of tenant `org`."""
+    funnel = StorageFunnel.from_url(url, pool_size=2)
+    infra = Infra.build(InfraSettings(database_url=url, redis_url=None))
+    managers = build_managers(SqlStorageRoot(funnel), infra)
+    work = managers.work
+    rctx = RequestContext.new(APP)
+    try:
+        ctx = await managers.tenancy.service_context(
+            rctx, org_id=UUID(org), acting_for=EMPTY_UUID, caused_by_request_id=None
+        )
+        (newest,) = await work.list_items(ctx, status=WorkStatus.AVAILABLE, limit=1)
+        calls: dict[str, Callable[[], Awaitable[object]]] = {
+            "items, newest first": lambda: work.list_items(ctx, limit=50),
+            "items due": lambda: work.list_items(ctx, status=WorkStatus.AVAILABLE, limit=50),
+            "dead letters": lambda: work.list_items(ctx, status=WorkStatus.FAILED, limit=50),
+            "one item": lambda: work.get(ctx, newest.id),
+            "the tenant's counts": lambda: work.lane_stats(ctx),
+            "the tenant's last hour": lambda: work.recent_outcomes(ctx),
+            "every tenant's summary": lambda: work.queue_summary(rctx),
+        }
+        medians: dict[str, float] = {}
+        for name, call in calls.items():
+            took: list[float] = []
+            for n in range(repeat + 1):
+                started = time.perf_counter()
+                await call()
+                if n:  # the first opens connections and prepares statements
+                    took.append((time.perf_counter() - started) * 1000)
+            medians[name] = round(statistics.median(took), 3)
+    finally:
+        await funnel.dispose()
+        await infra.aclose()
+    return medians
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("enqueue", "wake", "audit", "spread"):
+    for name in ("enqueue", "wake", "audit", "spread", "reads"):
         p = sub.add_parser(name)
         p.add_argument("--url", required=True)
         p.add_argument("--redis", default=None)
         if name == "audit":
             p.add_argument("--batches", type=int, default=200)
             p.add_argument("--size", type=int, default=10)
+        elif name == "reads":
+            p.add_argument("--org", required=True)
+            p.add_argument("--repeat", type=int, default=50)
         elif name == "spread":
             p.add_argument("--tenants", type=int, default=100)
             p.add_argument("--items", type=int, default=100000)
@@ -228,6 +273,8 @@ def main() -> None:
         )
     elif args.command == "audit":
         result = asyncio.run(audit(args.url, args.batches, args.size))
+    elif args.command == "reads":
+        result = asyncio.run(reads(args.url, args.org, args.repeat))
     elif args.command == "spread":
         result = asyncio.run(spread(args.url, args.redis, args.tenants, args.items, args.batch))
     else:

@@ -12,7 +12,7 @@ Not part of CI (a full run took 44 min on 2 cores). Set-up:
    database made by the host's `scripts/infra-up.sh`, the schema by `make migrate`;
 3. `BENCH_SCALE_TENANTS` (100) tenants in `orgs`.
 
-Then the phases of `BENCH_SCALE_PHASES` (`drain,curve,churn,upgrade`), in that order:
+Then the phases of `BENCH_SCALE_PHASES` (`drain,curve,churn,reads,upgrade`), in that order:
 
 - `drain`: one worker process (capacity `BENCH_SCALE_CAPACITY`, 10; no Redis: PostgreSQL
   NOTIFY wake-ups) drains the baseline, `BENCH_SCALE_BASELINE` (20,000) due items on the
@@ -25,6 +25,8 @@ Then the phases of `BENCH_SCALE_PHASES` (`drain,curve,churn,upgrade`), in that o
   full minute at least `DRAIN_BOUND` (0.9) x the baseline's items/s.
 - `curve` and `churn`: `bench/churn.py` (1, 2, 4 and 8 worker processes; steady traffic
   with a short retention and a held snapshot, the alarm evaluated on the recorded gauge).
+- `reads`: `bench/reads.py` (the work API's reads of one tenant at 1,000 and at 1,000,000
+  completed rows; each at most 2 x its time at the small history).
 - `upgrade`: `bench/upgrade.py` (the 0.1.0 release with the same rows, in a database of
   its own, migrated revision by revision while two of its workers drain and 50 items/s
   are enqueued; no revision written under the safe-revision rule stalls traffic past 3 s).
@@ -51,6 +53,7 @@ from typing import Any
 
 import asyncpg
 import churn
+import reads
 import upgrade
 from scale_cluster import (
     BASELINE,
@@ -75,7 +78,7 @@ from scale_cluster import (
 CLAIM_BOUND = 1.2
 DRAIN_BOUND = 0.9
 MINUTE = float(os.environ.get("BENCH_SCALE_MINUTE", "60"))
-PHASES = os.environ.get("BENCH_SCALE_PHASES", "drain,curve,churn,upgrade").split(",")
+PHASES = os.environ.get("BENCH_SCALE_PHASES", "drain,curve,churn,reads,upgrade").split(",")
 
 # The claim statement's opening (postgres_statements.claim_statement), as
 # pg_stat_statements keeps it.
@@ -271,6 +274,11 @@ async def phases(scale: Scale) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         )
         result["churn"] = await churn.churn(scale)
         checks += churn.churn_verdicts(result["churn"], scale.host)
+    if "reads" in PHASES:
+        say(f"reads: the work API's reads at {reads.READS_SMALL:,} and {reads.READS_BIG:,} rows")
+        result["reads"] = await reads.reads(scale)
+        checks += reads.reads_verdicts(result["reads"])
+        reads.print_reads(result["reads"])
     if "upgrade" in PHASES:
         say(f"upgrade: the 0.1.0 release migrated under {upgrade.RATE} items/s and two workers")
         result["upgrade"] = await upgrade.upgrade(scale)

@@ -1,6 +1,6 @@
-"""`make bench-scale`'s upgrade phase (`bench/upgrade.py`): what it reads off a run — the
-longest stall of completions across a revision, the revisions still to apply, which of them
-shipped before the safe-revision rule."""
+"""`make bench-scale`'s upgrade and reads phases (`bench/upgrade.py`, `bench/reads.py`): what
+they read off a run — the longest stall of completions across a revision, the revisions
+still to apply, which of them shipped before the safe-revision rule, a read's bound."""
 
 from __future__ import annotations
 
@@ -42,3 +42,22 @@ def test_only_the_revisions_shipped_before_the_rule_are_frozen() -> None:
     assert frozen("work_items.up.sql")
     assert not frozen("work_items_priority.up.sql")
     assert not frozen("work_items_vacuum.up.sql")
+
+
+def test_a_read_fails_its_bound_past_twice_its_time_on_the_small_history() -> None:
+    from reads import reads_verdicts
+
+    record = {
+        "small_history": 1_000,
+        "big_history": 1_000_000,
+        "small": {"dead letters": 1.0, "one item": 0.5, "counts": 0.0},
+        "big": {"dead letters": 2.0, "one item": 1.1, "counts": 0.4},
+    }
+
+    checks = {c["name"].split("`")[1]: (c["value"], c["ok"]) for c in reads_verdicts(record)}
+
+    assert checks == {
+        "dead letters": (2.0, True),
+        "one item": (2.2, False),
+        "counts": (None, False),  # no time at the small history: nothing to compare
+    }
