@@ -22,7 +22,8 @@ from acme.infra.container import Infra
 from acme.om.context import OpContext, RequestContext
 from acme.om.errors import Conflict, Invalid
 from acme.om.storage.impl.memory import MemoryStorageRoot
-from acme.om.work.impl.operator_commands import LANE_SUBJECT_TYPE, known_lanes, lane_subject_id
+from acme.om.work.impl.operator_commands import LANE_SUBJECT_TYPE, lane_subject_id
+from acme.om.work.rules import known_lanes
 from acme.om.work.storage.impl.memory import MemoryWorkStorage
 from acme.om.work.types.work_item import WorkItem, WorkStatus
 

@@ -3,6 +3,7 @@ audited, what a page of another origin or a payload's text can do (docs/security
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
 from uuid import UUID, uuid4
@@ -16,6 +17,8 @@ from acme.om.context import AppContext, AppType, OpContext, RequestContext, Role
 from acme.om.root import Managers
 from acme.om.storage.impl.memory import MemoryStorageRoot
 from acme.om.types import EMPTY_UUID
+from acme.om.work.impl.operator_commands import LANE_SUBJECT_TYPE, lane_subject_id
+from acme.om.work.rules import known_lanes
 from acme.om.work.types.work_item import WorkStatus
 from acme.services.api.container import ServiceContainer
 from acme.services.api.main import create_app
@@ -54,9 +57,20 @@ class World:
         )
 
     async def dead_letter(self, org: UUID | None = None, **fields: Any) -> UUID:
-        item = make_item(org or self.org_a, LANE, status=WorkStatus.FAILED, **fields)
+        return await self.item(org, status=WorkStatus.FAILED, **fields)
+
+    async def item(self, org: UUID | None = None, **fields: Any) -> UUID:
+        item = make_item(org or self.org_a, LANE, **fields)
         await self.storage.get_work_storage().create_item(item.org_id, item)
         return item.id
+
+    async def system_entries(self) -> list[tuple[UUID, str, Any]]:
+        """The system scope's entries: (actor, action, detail) each, oldest first."""
+        system = await self.managers.tenancy.member_context(
+            RCTX, org_id=EMPTY_UUID, user_id=self.operator, role=Role.ADMIN
+        )
+        entries = await self.managers.audit.list_for(system, "system_scope", EMPTY_UUID)
+        return [(e.actor_id, e.action, e.detail) for e in entries]
 
 
 @pytest.fixture
@@ -95,7 +109,9 @@ def mutations(org: UUID, item: UUID) -> list[tuple[str, Any]]:
         (enqueue_path(org), probe()),
         (f"{enqueue_path(org)}/bulk", [probe()]),
         (f"{base}/dead-letters/{item}/replay", None),
+        (f"{base}/kinds/{KIND.value}/dead-letters/{item}/replay", probe()),
         (f"{base}/dead-letters/{item}/discard", None),
+        (f"{base}/items/{item}/cancel", None),
         (f"{base}/dead-letters/replay", {"dry_run": True}),
         (f"{base}/dead-letters/discard", {"dry_run": True}),
     ]
@@ -109,7 +125,16 @@ def reads(org: UUID, item: UUID) -> list[str]:
         f"{base}/dead-letters",
         f"{base}/summary",
         f"{base}/activity",
+        f"{base}/schedules",
     ]
+
+
+OPERATOR_ROUTES = [
+    ("GET", "/v1/work/summary", None),
+    ("GET", "/v1/work/lanes", None),
+    ("POST", f"/v1/work/lanes/{LANE}/pause", {"reason": "carrier outage"}),
+    ("POST", f"/v1/work/lanes/{LANE}/resume", {}),
+]
 
 
 async def test_a_member_of_one_tenant_gets_404_for_everything_of_another(world: World) -> None:
@@ -167,18 +192,34 @@ async def test_each_mutation_is_audited_with_the_member_as_actor(world: World) -
     who = world.as_(world.admin)
     one = (await world.client.post(enqueue_path(world.org_a), json=probe(), headers=who)).json()
     replayed, discarded = await world.dead_letter(), await world.dead_letter()
-    base = f"/v1/orgs/{world.org_a}/work/dead-letters"
-    for path in (f"{base}/{replayed}/replay", f"{base}/{discarded}/discard"):
-        assert (await world.client.post(path, headers=who)).status_code == 200
+    corrected, cancelled = await world.dead_letter(), await world.item()
+    base = f"/v1/orgs/{world.org_a}/work"
+    for path in (
+        f"{base}/dead-letters/{replayed}/replay",
+        f"{base}/dead-letters/{discarded}/discard",
+        f"{base}/items/{cancelled}/cancel",
+    ):
+        assert (await world.client.post(path, headers=who)).status_code == 200, path
+    fixed = await world.client.post(
+        f"{base}/kinds/{KIND.value}/dead-letters/{corrected}/replay",
+        json=probe(),
+        headers=who,
+    )
+    assert fixed.status_code == 200, fixed.text
     ctx = await world.ctx(world.admin)
 
     entries = [
-        *await world.managers.audit.list_for(ctx, "work_item", UUID(one["id"])),
-        *await world.managers.audit.list_for(ctx, "work_item", replayed),
-        *await world.managers.audit.list_for(ctx, "work_item", discarded),
+        entry
+        for subject in (UUID(one["id"]), replayed, discarded, corrected, cancelled)
+        for entry in await world.managers.audit.list_for(ctx, "work_item", subject)
     ]
 
-    assert {e.action for e in entries} >= {"work.enqueued", "work.replayed", "work.discarded"}
+    assert {e.action for e in entries} >= {
+        "work.enqueued",
+        "work.replayed",
+        "work.discarded",
+        "work.cancelled",
+    }
     assert {e.actor_id for e in entries} == {world.admin}
 
 
@@ -331,3 +372,198 @@ async def test_the_openapi_types_every_work_body_and_response() -> None:
             if method == "post" and "{item_id}" not in path:
                 body = operation["requestBody"]["content"]["application/json"]["schema"]
                 assert body.get("$ref") or body.get("items"), (path, body)
+
+
+async def test_an_admin_cancels_a_waiting_item_once_and_is_refused_after(world: World) -> None:
+    item = await world.item()
+    path = f"/v1/orgs/{world.org_a}/work/items/{item}/cancel"
+    who = world.as_(world.admin)
+
+    done = await world.client.post(path, headers=who)
+    again = await world.client.post(path, headers=who)
+    unknown = await world.client.post(
+        f"/v1/orgs/{world.org_a}/work/items/{UUID(int=9)}/cancel", headers=who
+    )
+
+    assert (done.status_code, done.json()["status"]) == (200, "CANCELLED")
+    assert (again.status_code, again.json()["detail"]) == (
+        409,
+        "status: only an available or claimed item can be cancelled; this one is CANCELLED",
+    )
+    assert (unknown.status_code, unknown.json()["detail"]) == (
+        404,
+        f"item_id: no work item {UUID(int=9)}",
+    )
+    [entry] = await world.managers.audit.list_for(await world.ctx(world.admin), "work_item", item)
+    assert (entry.actor_id, entry.action, entry.detail["was"]) == (
+        world.admin,
+        "work.cancelled",
+        "AVAILABLE",
+    )
+
+
+async def test_a_corrected_replay_is_typed_by_the_kind_and_audited_with_both_payloads(
+    world: World,
+) -> None:
+    item = await world.dead_letter()
+    old = (await world.managers.work.get(await world.ctx(world.admin), item)).payload
+    path = f"/v1/orgs/{world.org_a}/work/kinds/{KIND.value}/dead-letters/{item}/replay"
+    who = world.as_(world.admin)
+
+    refused = await world.client.post(path, json={"record_id": "not a uuid"}, headers=who)
+    fixed = probe(note="right")
+    replayed = await world.client.post(path, json=fixed, headers=who)
+    again = await world.client.post(path, json=fixed, headers=who)
+
+    assert refused.status_code == 422
+    assert [problem["loc"] for problem in refused.json()["detail"]] == [["body", "record_id"]]
+    assert replayed.status_code == 200, replayed.text
+    assert (replayed.json()["status"], replayed.json()["payload"]["note"]) == ("AVAILABLE", "right")
+    assert again.status_code == 409
+    assert again.json()["detail"].startswith("status: only a failed item can be replayed")
+    [entry] = [
+        e
+        for e in await world.managers.audit.list_for(
+            await world.ctx(world.admin), "work_item", item
+        )
+        if e.action == "work.replayed"
+    ]
+    assert entry.actor_id == world.admin
+    assert (entry.detail["old_payload"], entry.detail["payload"]["note"]) == (old, "right")
+
+
+async def test_the_operator_routes_refuse_a_tenant_admin_with_403_and_audit_nothing(
+    world: World,
+) -> None:
+    who = world.as_(world.admin)
+
+    answers = [
+        (await world.client.request(method, path, json=body, headers=who)).status_code
+        for method, path, body in OPERATOR_ROUTES
+    ]
+
+    assert answers == [403] * len(answers)
+    assert await world.system_entries() == []
+    assert await world.managers.work.paused_lanes(RCTX) == []
+
+
+async def test_an_operator_pauses_and_resumes_a_lane_each_audited_with_the_operator(
+    world: World,
+) -> None:
+    who = world.as_(world.operator)
+
+    paused = await world.client.post(
+        f"/v1/work/lanes/{LANE}/pause", json={"reason": "carrier outage"}, headers=who
+    )
+    listed = (await world.client.get("/v1/work/lanes", headers=who)).json()
+    seen = (
+        await world.client.get(
+            f"/v1/orgs/{world.org_a}/work/summary", headers=world.as_(world.member)
+        )
+    ).json()
+    twice = await world.client.post(f"/v1/work/lanes/{LANE}/pause", json={}, headers=who)
+    resumed = await world.client.post(f"/v1/work/lanes/{LANE}/resume", json={}, headers=who)
+    not_paused = await world.client.post(f"/v1/work/lanes/{LANE}/resume", json={}, headers=who)
+
+    assert paused.status_code == 200, paused.text
+    assert (paused.json()["paused_by"], paused.json()["reason"]) == (
+        str(world.operator),
+        "carrier outage",
+    )
+    [lane] = [row for row in listed["lanes"] if row["lane"] == LANE]
+    assert (lane["known"], lane["pause"]["paused_by"]) == (True, str(world.operator))
+    assert [(p["lane"], p["reason"]) for p in seen["paused"]] == [(LANE, "carrier outage")]
+    assert "paused_by" not in seen["paused"][0]  # the operator's identity stays the platform's
+    assert twice.status_code == 409
+    assert resumed.status_code == 200, resumed.text
+    assert (not_paused.status_code, not_paused.json()["detail"]) == (
+        409,
+        f"lane: {LANE} is not paused; the paused lanes: none",
+    )
+    assert [
+        (actor, action, detail["path"]) for actor, action, detail in await world.system_entries()
+    ] == [
+        (world.operator, "work.system_scope", path)
+        for path in (
+            f"/v1/work/lanes/{LANE}/pause",
+            "/v1/work/lanes",
+            f"/v1/work/lanes/{LANE}/pause",
+            f"/v1/work/lanes/{LANE}/resume",
+            f"/v1/work/lanes/{LANE}/resume",
+        )
+    ]
+    tenant = await world.managers.tenancy.service_context(
+        RCTX, org_id=world.org_a, acting_for=EMPTY_UUID, caused_by_request_id=None
+    )
+    lane_entries = await world.managers.audit.list_for(
+        tenant, LANE_SUBJECT_TYPE, lane_subject_id(LANE)
+    )
+    assert [(e.action, e.detail["operator"]) for e in lane_entries] == [
+        ("work.lane_paused", str(world.operator)),
+        ("work.lane_resumed", str(world.operator)),
+    ]
+
+
+async def test_a_pause_of_an_unknown_lane_is_refused_naming_the_known_ones(world: World) -> None:
+    who = world.as_(world.operator)
+
+    refused = await world.client.post("/v1/work/lanes/no_such_lane/pause", json={}, headers=who)
+    bad_reason = await world.client.post(
+        f"/v1/work/lanes/{LANE}/pause", json={"reason": "two\nlines"}, headers=who
+    )
+
+    assert (refused.status_code, refused.json()["detail"]) == (
+        422,
+        "lane: no worker claims on lane no_such_lane; the known lanes: " + ", ".join(known_lanes()),
+    )
+    assert bad_reason.status_code == 422
+    assert [problem["loc"] for problem in bad_reason.json()["detail"]] == [["body", "reason"]]
+    assert await world.managers.work.paused_lanes(RCTX) == []
+
+
+async def test_the_all_tenant_summary_names_the_workers_holding_items(world: World) -> None:
+    lease = datetime.now(UTC) + timedelta(minutes=5)
+    for org, worker in (
+        (world.org_a, "host-1:41"),
+        (world.org_b, "host-1:41"),
+        (world.org_b, "host-2:7"),
+    ):
+        await world.item(
+            org,
+            status=WorkStatus.CLAIMED,
+            claimed_by=worker,
+            claim_token=uuid4(),
+            lease_expires_at=lease,
+        )
+
+    overview = await world.client.get("/v1/work/summary", headers=world.as_(world.operator))
+
+    assert overview.status_code == 200, overview.text
+    assert overview.json()["workers_holding"] == [
+        {"worker": "host-1:41", "items": 2},
+        {"worker": "host-2:7", "items": 1},
+    ]
+    assert sum(group["count"] for group in overview.json()["lanes"]) == 3
+
+
+async def test_a_member_reads_the_tenants_schedules_with_their_latest_tick(world: World) -> None:
+    tick = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
+    ctx = await world.ctx(world.admin)
+    await world.managers.work.enqueue_tick(
+        ctx, "reports:nightly", previous=None, tick=tick, item=None
+    )
+    other = await world.managers.tenancy.service_context(
+        RCTX, org_id=world.org_b, acting_for=EMPTY_UUID, caused_by_request_id=None
+    )
+    await world.managers.work.enqueue_tick(
+        other, "reports:hourly", previous=None, tick=tick, item=None
+    )
+
+    listed = await world.client.get(
+        f"/v1/orgs/{world.org_a}/work/schedules", headers=world.as_(world.member)
+    )
+
+    assert listed.status_code == 200, listed.text
+    assert listed.json() == {
+        "schedules": [{"schedule": "reports:nightly", "latest_tick": "2026-03-01T02:00:00Z"}]
+    }

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 
 from acme.om.errors import Invalid
@@ -231,6 +231,13 @@ def policy_lane(kind: str, policies: Mapping[WorkKind, KindPolicy] = WORK_POLICI
         return None
     policy = policies.get(known)
     return KindPolicy().lane if policy is None else policy.lane
+
+
+def known_lanes(also_known: Collection[str] = ()) -> list[str]:
+    """The lanes a pause may name, sorted: every `WorkKind`'s lane as its policy names it
+    (the kinds module), and `also_known` (docs/decisions/0040)."""
+    lanes = {lane for kind in WorkKind if (lane := policy_lane(kind.value)) is not None}
+    return sorted(lanes | set(also_known))
 
 
 def is_stranded(

@@ -21,7 +21,13 @@ from acme.om.work.impl.dead_letters import SUBJECT_TYPE, DeadLetterAudits
 from acme.om.work.impl.wake_publisher import WakeUpPublisher
 from acme.om.work.manager import WorkManagerInterface
 from acme.om.work.metrics import WorkMetrics
-from acme.om.work.rules import field_path, policy_lane, refuse_bad_lane, refuse_nul
+from acme.om.work.rules import (
+    field_path,
+    known_lanes,
+    policy_lane,
+    refuse_bad_lane,
+    refuse_nul,
+)
 from acme.om.work.storage import CANCEL_NOTE, WorkStorageInterface
 from acme.om.work.types.lanes import LanePause, QueueSummary
 from acme.om.work.types.work_item import (
@@ -439,13 +445,6 @@ def lane_subject_id(lane: str) -> UUID:
     """A lane's audit `subject_id`: the same UUID for a lane's name every time (UUID 5),
     so `AuditManagerInterface.list_for` finds a lane's pauses and resumes together."""
     return uuid5(_LANE_NAMESPACE, lane)
-
-
-def known_lanes(also_known: Collection[str] = ()) -> list[str]:
-    """The lanes a pause may name, sorted: every `WorkKind`'s lane as its policy names it
-    (the kinds module), and `also_known` (docs/decisions/0040)."""
-    lanes = {lane for kind in WorkKind if (lane := policy_lane(kind.value)) is not None}
-    return sorted(lanes | set(also_known))
 
 
 def _refuse_no_actor(actor: str) -> str:

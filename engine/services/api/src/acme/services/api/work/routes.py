@@ -1,10 +1,12 @@
 """The work routes: one manager call each, behind `access`'s roles (docs/decisions/0044).
 
-`/v1/orgs/{org_id}/work/...`: a tenant's items, dead letters and counts for its members;
-every write for its admins, audited with the member as actor. `/v1/work/...`: the
-all-tenant summary for platform operators (the system scope), and the dashboard page.
-Enqueue routes are one per kind, each typed by the kind's payload model (`WORK_PAYLOADS`),
-so a payload is refused with 422 naming its field and the OpenAPI shows every body.
+`/v1/orgs/{org_id}/work/...`: a tenant's items, dead letters, counts and schedules for its
+members; every write (enqueue, cancel, replay, discard) for its admins, audited with the
+member as actor. `/v1/work/...`: the all-tenant summary and the lanes (list, pause, resume)
+for platform operators (the system scope), and the dashboard page. Enqueue and corrected
+replay routes are one per kind, each typed by the kind's payload model (`WORK_PAYLOADS`), so
+a payload is refused with 422 naming its field and the OpenAPI shows every body
+(docs/decisions/0048).
 """
 
 # No `from __future__ import annotations` here: each kind's route is typed by its payload
@@ -18,7 +20,10 @@ from fastapi import APIRouter, Header, Query, Response, status
 from pydantic import BaseModel
 
 from acme.om.errors import Conflict, Invalid
+from acme.om.work.rules import known_lanes
+from acme.om.work.types.lanes import LanePause
 from acme.om.work.types.work_item import (
+    UnreadableItem,
     WorkItem,
     WorkKind,
     WorkStatus,
@@ -37,7 +42,14 @@ from acme.services.api.work.views import (
     FilterOutcome,
     ItemPage,
     ItemView,
+    LaneChange,
+    Lanes,
+    LaneView,
     OutcomeSlice,
+    PausedLane,
+    QueueOverview,
+    Schedules,
+    ScheduleTick,
     Summary,
     decode_cursor,
     encode_cursor,
@@ -126,6 +138,14 @@ async def list_dead_letters(
     return _page(rows, len(rows.unreadable), limit, member)
 
 
+@router.post(TENANT + "/items/{item_id}/cancel", response_model=ItemView)
+async def cancel(item_id: UUID, member: AdminDep, found: ManagersDep) -> ItemView:
+    """Cancel a waiting or claimed item for good; audited (`work.cancelled`). 409 for a
+    finished or discarded item, 404 for none (docs/decisions/0038)."""
+    item = await found.work.cancel_item(member.ctx, item_id)
+    return ItemView.of(item, frames=True)
+
+
 @router.post(TENANT + "/dead-letters/{item_id}/replay", response_model=ItemView)
 async def replay(item_id: UUID, member: AdminDep, found: ManagersDep) -> ItemView:
     """Make a dead letter available again, attempts reset; audited (`work.replayed`)."""
@@ -187,8 +207,25 @@ async def discard_matching(
 
 @router.get(f"{TENANT}/summary", response_model=Summary)
 async def tenant_summary(member: ReaderDep, found: ManagersDep) -> Summary:
-    """The tenant's counts per lane, kind and status, with the oldest due item's age."""
-    return Summary(lanes=await found.work.lane_stats(member.ctx))
+    """The tenant's counts per lane, kind and status, with the oldest due item's age, and
+    the paused lanes (who paused them is for platform operators: `/v1/work/lanes`)."""
+    paused = await found.work.paused_lanes(member.ctx.request)
+    return Summary(
+        lanes=await found.work.lane_stats(member.ctx),
+        paused=[PausedLane.of(pause) for pause in paused],
+    )
+
+
+@router.get(f"{TENANT}/schedules", response_model=Schedules)
+async def schedules(member: ReaderDep, found: ManagersDep) -> Schedules:
+    """The tenant's schedules that have ticked, each with its latest handled tick. The next
+    tick is not shown: the cron lives in the worker's code (docs/decisions/0048)."""
+    ticks = await found.work.schedule_ticks(member.ctx)
+    return Schedules(
+        schedules=[
+            ScheduleTick(schedule=name, latest_tick=at) for name, at in sorted(ticks.items())
+        ]
+    )
 
 
 @router.get(f"{TENANT}/activity", response_model=Activity)
@@ -206,14 +243,53 @@ async def activity(member: ReaderDep, found: ManagersDep) -> Activity:
     )
 
 
-@router.get("/v1/work/summary", response_model=Summary)
-async def all_tenants_summary(ctx: OperatorDep, found: ManagersDep) -> Summary:
-    """Every tenant's counts together: platform operators only, audited."""
-    return Summary(lanes=await found.work.lane_stats(ctx))
+@router.get("/v1/work/summary", response_model=QueueOverview)
+async def all_tenants_summary(ctx: OperatorDep, found: ManagersDep) -> QueueOverview:
+    """Every tenant's counts together, the paused lanes and the workers holding items:
+    platform operators only, audited."""
+    return QueueOverview.of(await found.work.queue_summary(ctx.request))
+
+
+@router.get("/v1/work/lanes", response_model=Lanes)
+async def lanes(ctx: OperatorDep, found: ManagersDep) -> Lanes:
+    """Every lane the kinds module names, and any other paused one (a worker's own `LANE`,
+    paused from its command line), with its pause: platform operators only, audited."""
+    pauses = {pause.lane: pause for pause in await found.work.paused_lanes(ctx.request)}
+    known = known_lanes()
+    return Lanes(
+        lanes=[
+            LaneView(lane=lane, known=lane in known, pause=pauses.get(lane))
+            for lane in sorted({*known, *pauses})
+        ]
+    )
+
+
+@router.post("/v1/work/lanes/{lane}/pause", response_model=LanePause)
+async def pause_lane(
+    lane: str, body: LaneChange, ctx: OperatorDep, found: ManagersDep
+) -> LanePause:
+    """Pause `lane` for every tenant (docs/decisions/0040); the operator's user id is the
+    pause's `paused_by`. 422 for a lane the kinds module does not name (naming those it
+    does), 409 when it is paused already."""
+    return await found.work.pause_lane(
+        ctx.request, lane, actor=str(ctx.user_id), reason=body.reason
+    )
+
+
+@router.post("/v1/work/lanes/{lane}/resume", response_model=LanePause)
+async def resume_lane(
+    lane: str, body: LaneChange, ctx: OperatorDep, found: ManagersDep
+) -> LanePause:
+    """Resume the paused `lane`; the pause lifted. 409 when it is not paused (naming the
+    paused lanes)."""
+    return await found.work.resume_lane(
+        ctx.request, lane, actor=str(ctx.user_id), reason=body.reason
+    )
 
 
 def _add_enqueue_routes(into: APIRouter, kind: WorkKind, model: type[BaseModel]) -> None:
-    """`POST .../kinds/<KIND>/items` and `.../items/bulk` into `into`, their bodies typed by
+    """`POST .../kinds/<KIND>/items`, `.../items/bulk` and
+    `.../kinds/<KIND>/dead-letters/{item_id}/replay` into `into`, their bodies typed by
     `model`."""
 
     async def enqueue_one(
@@ -264,8 +340,25 @@ def _add_enqueue_routes(into: APIRouter, kind: WorkKind, model: type[BaseModel])
         )
         return Enqueued(ids=ids)
 
+    async def replay_corrected(
+        item_id: UUID, body: BaseModel, member: AdminDep, found: ManagersDep
+    ) -> ItemView:
+        try:
+            stored_kind = (await found.work.get(member.ctx, item_id)).kind.value
+        except UnreadableItem as exc:  # a payload no model reads is what a correction fixes
+            stored_kind = exc.row.kind
+        if stored_kind != kind.value:
+            raise Invalid(
+                f"kind: item {item_id} is of kind {stored_kind}; replay it at "
+                f"{TENANT}/kinds/{stored_kind}/dead-letters/{item_id}/replay"
+            )
+        payload = body.model_dump(mode="json", warnings=False)
+        item = await found.work.replay(member.ctx, item_id, payload=payload)
+        return ItemView.of(item, frames=True)
+
     enqueue_one.__annotations__["body"] = model
     enqueue_many.__annotations__["body"] = list.__class_getitem__(model)
+    replay_corrected.__annotations__["body"] = model
     path = f"{TENANT}/kinds/{kind.value}/items"
     into.add_api_route(
         path,
@@ -286,11 +379,24 @@ def _add_enqueue_routes(into: APIRouter, kind: WorkKind, model: type[BaseModel])
         summary=f"Enqueue many {kind.value} items in one insert",
         operation_id=f"enqueue_{kind.value.lower()}_bulk",
     )
+    into.add_api_route(
+        TENANT + f"/kinds/{kind.value}/dead-letters/{{item_id}}/replay",
+        replay_corrected,
+        methods=["POST"],
+        response_model=ItemView,
+        summary=f"Replay a {kind.value} dead letter with a corrected payload",
+        operation_id=f"replay_{kind.value.lower()}_corrected",
+        description=(
+            "The body replaces the stored payload; the audit entry (`work.replayed`) holds "
+            "both. 422 for an item of another kind (naming its route), 409 for one that is "
+            "no live dead letter."
+        ),
+    )
 
 
 def enqueue_router(payloads: Mapping[WorkKind, type[BaseModel]]) -> APIRouter:
-    """The enqueue routes of every kind in `payloads` (`WORK_PAYLOADS` when mounted; a test
-    passes a probe model of its own)."""
+    """The enqueue and corrected replay routes of every kind in `payloads` (`WORK_PAYLOADS`
+    when mounted; a test passes a probe model of its own)."""
     into = APIRouter(tags=["work"])
     for kind, model in payloads.items():
         _add_enqueue_routes(into, kind, model)

@@ -13,6 +13,7 @@ from uuid import UUID
 from pydantic import BaseModel, Field
 
 from acme.om.errors import Invalid
+from acme.om.work.types.lanes import LanePause, QueueSummary
 from acme.om.work.types.work_item import LaneStats, WorkItem, WorkStatus
 
 FRAME_PREFIXES = ("Traceback (most recent call last):", "  File ", "    ")
@@ -90,10 +91,89 @@ class FilterOutcome(BaseModel):
     dry_run: bool
 
 
+class PausedLane(BaseModel):
+    """A paused lane as a tenant's members see it: since when and why, not who paused it
+    (a platform operator's identity is the platform's, not the tenant's)."""
+
+    lane: str
+    paused_at: datetime
+    reason: str | None
+
+    @classmethod
+    def of(cls, pause: LanePause) -> "PausedLane":
+        return cls(lane=pause.lane, paused_at=pause.paused_at, reason=pause.reason)
+
+
 class Summary(BaseModel):
-    """Counts per lane, kind and status of the rows in play (`LaneStats`)."""
+    """Counts per lane, kind and status of the rows in play (`LaneStats`), and the paused
+    lanes: no worker claims their items, the tenant's included, until they are resumed."""
 
     lanes: list[LaneStats]
+    paused: list[PausedLane]
+
+
+class WorkerHolding(BaseModel):
+    """A worker (`claimed_by`) holding items under a live lease, and how many."""
+
+    worker: str
+    items: int
+
+
+class QueueOverview(BaseModel):
+    """The queue across every tenant for a platform operator (`QueueSummary`): counts, the
+    paused lanes with who paused them, the workers holding items, when it was read."""
+
+    lanes: list[LaneStats]
+    paused: list[LanePause]
+    workers_holding: list[WorkerHolding]
+    read_at: datetime
+
+    @classmethod
+    def of(cls, summary: QueueSummary) -> "QueueOverview":
+        holding = sorted(summary.workers_holding.items(), key=lambda pair: (-pair[1], pair[0]))
+        return cls(
+            lanes=summary.groups,
+            paused=summary.paused,
+            workers_holding=[WorkerHolding(worker=w, items=n) for w, n in holding],
+            read_at=summary.read_at,
+        )
+
+
+class LaneView(BaseModel):
+    """One lane: whether the kinds module names it (`known`; only a known lane can be
+    paused here) and its pause, None when workers claim on it."""
+
+    lane: str
+    known: bool
+    pause: LanePause | None
+
+
+class Lanes(BaseModel):
+    """The known lanes and any other paused one, by name."""
+
+    lanes: list[LaneView]
+
+
+class LaneChange(BaseModel):
+    """Why a lane is paused or resumed (stored on the pause and in its audit entries)."""
+
+    reason: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$"
+    )
+
+
+class ScheduleTick(BaseModel):
+    """A schedule (`<worker>:<name>`) and the latest tick a worker handled for the tenant
+    (aware UTC). The next tick is the worker's cron, which the API does not import."""
+
+    schedule: str
+    latest_tick: datetime
+
+
+class Schedules(BaseModel):
+    """The tenant's schedules that have ticked at least once, by name."""
+
+    schedules: list[ScheduleTick]
 
 
 class OutcomeSlice(BaseModel):
