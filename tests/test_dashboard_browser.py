@@ -1,9 +1,11 @@
 """The work dashboard in a real browser: Debian's headless Chromium driven by Selenium, over
 a rendered host's own API (`acme-api serve`) and worker, on the embedded SQLite database.
 
-Open the page, enqueue through the API and see the counts change, replay a dead letter from
-the page and see it complete; a `<script>` in its payload stays text. A missing browser
-fails the test, naming the install line (`.ci/run` installs it); it never skips.
+Open the page, enqueue through the API and see the counts change, cancel one of those items
+from the page, pause and resume the lane as a platform operator (a member sees the pause
+and no buttons), replay a dead letter from the page and see it complete; a `<script>` in
+its payload stays text. A missing browser fails the test, naming the install line
+(`.ci/run` installs it); it never skips.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ SEED = f"""
 import asyncio, json, sys
 from uuid import uuid4
 from acme.om.context import AppContext, AppType, RequestContext, Role
+from acme.om.types import EMPTY_UUID
 from acme.om.storage.impl.sql import SqlStorageRoot
 from acme.om.work.types.work_item import WorkItem, WorkKind, WorkStatus
 from acme.services.api.container import ServiceContainer
@@ -44,10 +47,12 @@ async def main() -> None:
     container = ServiceContainer.build(ApiSettings())
     rctx = RequestContext.new(AppContext(type=AppType.SERVICE, version="seed@0"))
     org = (await container.managers.tenancy.create_org(rctx, "browser")).id
-    admin = uuid4()
-    await container.managers.tenancy.grant_membership(
-        rctx, org_id=org, user_id=admin, role=Role.ADMIN
-    )
+    admin, member = uuid4(), uuid4()
+    tenancy = container.managers.tenancy
+    await tenancy.grant_membership(rctx, org_id=org, user_id=admin, role=Role.ADMIN)
+    await tenancy.grant_membership(rctx, org_id=org, user_id=member, role=Role.MEMBER)
+    # The admin is a platform operator too: the lanes' buttons are theirs.
+    await tenancy.grant_membership(rctx, org_id=EMPTY_UUID, user_id=admin, role=Role.ADMIN)
     item = WorkItem.new(
         org_id=org, kind=WorkKind.NOTIFY_SHIPMENT,
         payload={{"record_id": str(uuid4()), "note": {MARK!r}}},
@@ -56,7 +61,8 @@ async def main() -> None:
     assert container.funnel is not None
     await SqlStorageRoot(container.funnel).get_work_storage().create_item(org, item)
     await container.aclose()
-    print(json.dumps({{"org": str(org), "admin": str(admin), "dead": str(item.id)}}))
+    print(json.dumps({{"org": str(org), "admin": str(admin), "member": str(member),
+                      "dead": str(item.id)}}))
 
 asyncio.run(main())
 """
@@ -126,6 +132,21 @@ def _count(chrome: webdriver.Chrome, status: str) -> int:
     return sum(int(row.text) for row in rows)
 
 
+def _click(chrome: webdriver.Chrome, selector: str) -> bool:
+    """Click the first element `selector` finds; False when there is none yet. A refresh
+    that replaces it meanwhile raises `StaleElementReferenceException`, which `_until`
+    retries."""
+    found = chrome.find_elements(By.CSS_SELECTOR, selector)
+    if found:
+        found[0].click()
+    return bool(found)
+
+
+def _lane_state(chrome: webdriver.Chrome, lane: str) -> str | None:
+    rows = chrome.find_elements(By.CSS_SELECTOR, f'#lanes tr[data-lane="{lane}"]')
+    return rows[0].get_attribute("data-state") if rows else None
+
+
 def test_the_dashboard_counts_enqueues_and_replays_a_dead_letter_to_completion(
     make_host: Callable[..., Path],
     render: Callable[..., Any],
@@ -158,15 +179,18 @@ def test_the_dashboard_counts_enqueues_and_replays_a_dead_letter_to_completion(
     items = f"{base}/v1/orgs/{ids['org']}/work"
     try:
         _until(lambda: httpx.get(f"{base}/healthz").status_code == 200, "the API", 60)
-        browser.get(f"{base}/v1/work/dashboard?org={ids['org']}&as={ids['admin']}")
+        page = f"{base}/v1/work/dashboard?org={ids['org']}"
+        browser.get(f"{page}&as={ids['admin']}")
+        dead_row = f'#dead-letters tr[data-id="{ids["dead"]}"]'
         row = _until(
-            lambda: browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{ids["dead"]}"]'),
+            lambda: browser.find_elements(By.CSS_SELECTOR, dead_row),
             "the dead letter on the page",
         )[0]
         assert MARK in row.text  # shown as text ...
         assert browser.execute_script("return window.pwned") is None  # ... never run
 
         before = _count(browser, "AVAILABLE")
+        made_ids = []
         for _ in range(3):
             made = httpx.post(
                 f"{items}/kinds/NOTIFY_SHIPMENT/items",
@@ -174,17 +198,43 @@ def test_the_dashboard_counts_enqueues_and_replays_a_dead_letter_to_completion(
                 headers=user,
             )
             assert made.status_code in (200, 201), made.text
+            made_ids.append(made.json()["id"])
         _until(lambda: _count(browser, "AVAILABLE") == before + 3, "the count going up")
 
-        replay = browser.find_element(
-            By.CSS_SELECTOR, f'tr[data-id="{ids["dead"]}"] button[data-action="replay"]'
-        )
-        replay.click()
+        # Cancel one of them from the page: it leaves the waiting items, for good.
+        cancelled_row = f'#items tr[data-id="{made_ids[0]}"]'
+        cancel = f'{cancelled_row} button[data-action="cancel"]'
+        _until(lambda: _click(browser, cancel), "the cancel button")
         _until(
-            lambda: not browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{ids["dead"]}"]'),
+            lambda: not browser.find_elements(By.CSS_SELECTOR, cancelled_row),
+            "the cancelled item leaving the page",
+        )
+        _until(lambda: _count(browser, "AVAILABLE") == before + 2, "the count going down")
+        cancelled = httpx.get(f"{items}/items/{made_ids[0]}", headers=user).json()
+        assert cancelled["status"] == "CANCELLED"
+
+        # Pause the item's lane as an operator; a member sees the pause and no button.
+        lane = cancelled["lane"]
+        pause = f'#lanes tr[data-lane="{lane}"] button[data-action="pause"]'
+        _until(lambda: _click(browser, pause), "the pause button")
+        _until(lambda: _lane_state(browser, lane) == "paused", "the lane shown paused")
+        assert browser.find_element(By.ID, "workers-section").is_displayed()
+        browser.get(f"{page}&as={ids['member']}")
+        _until(lambda: _lane_state(browser, lane) == "paused", "the pause shown to a member")
+        assert not browser.find_elements(By.CSS_SELECTOR, "#lanes button")
+        assert not browser.find_element(By.ID, "workers-section").is_displayed()
+        browser.get(f"{page}&as={ids['admin']}")
+        resume = f'#lanes tr[data-lane="{lane}"] button[data-action="resume"]'
+        _until(lambda: _click(browser, resume), "the resume button")
+        _until(lambda: _lane_state(browser, lane) == "claiming", "the lane shown resumed")
+
+        replay = f'{dead_row} button[data-action="replay"]'
+        _until(lambda: _click(browser, replay), "the replay button")
+        _until(
+            lambda: not browser.find_elements(By.CSS_SELECTOR, dead_row),
             "the dead letter leaving the page",
         )
-        _until(lambda: _count(browser, "AVAILABLE") == before + 4, "the replayed item counted")
+        _until(lambda: _count(browser, "AVAILABLE") == before + 3, "the replayed item counted")
 
         env_worker = {**env, "SHIPMENT_NOTIFIER_METRICS_PORT": str(free_port())}
         worker = _start(host, env_worker, tmp_path / "worker.log", "shipment-notifier", "serve")

@@ -9,6 +9,12 @@ const user = params.get("as");
 const base = `/v1/orgs/${encodeURIComponent(org || "")}/work`;
 const SVG = "http://www.w3.org/2000/svg";
 const REFRESH_MS = 2000;
+// Each read of the operator routes is audited (the system scope), so they are read less often.
+const OPERATOR_REFRESH_MS = 15000;
+// null until `/v1/work/lanes` answers: 403 says the user is no platform operator.
+let operator = null;
+let operatorView = null;
+let operatorReadAt = 0;
 
 function headers(extra) {
   const all = { Accept: "application/json", ...extra };
@@ -79,7 +85,7 @@ function button(label, action) {
     b.disabled = true;
     try {
       await action();
-      await refresh();
+      await refresh(true);
     } catch (error) {
       showError(error);
       b.disabled = false;
@@ -106,6 +112,118 @@ function renderDeadLetters(page) {
     );
     body.appendChild(row);
   }
+}
+
+function renderItems(pages) {
+  const body = document.querySelector("#items tbody");
+  body.replaceChildren();
+  for (const item of pages.flatMap((page) => page.items)) {
+    const row = document.createElement("tr");
+    row.dataset.id = item.id;
+    row.dataset.status = item.status;
+    cell(row, item.id);
+    cell(row, item.kind);
+    cell(row, item.lane);
+    cell(row, item.status);
+    cell(row, `${item.attempts}/${item.max_attempts}`, "number");
+    const actions = cell(row, "");
+    const path = `${base}/items/${encodeURIComponent(item.id)}/cancel`;
+    actions.appendChild(button("Cancel", () => call("POST", path)));
+    body.appendChild(row);
+  }
+}
+
+function laneRow(lane, pause) {
+  const row = document.createElement("tr");
+  row.dataset.lane = lane;
+  row.dataset.state = pause ? "paused" : "claiming";
+  cell(row, lane);
+  cell(row, pause ? "paused" : "claiming");
+  cell(row, pause ? pause.paused_at : "");
+  cell(row, pause ? pause.paused_by : "");
+  cell(row, pause ? pause.reason : "");
+  return row;
+}
+
+function renderLanes(summary) {
+  const body = document.querySelector("#lanes tbody");
+  body.replaceChildren();
+  if (!operatorView) {
+    // A member sees the paused lanes (not who paused them) and no buttons.
+    for (const pause of summary.paused) {
+      const row = laneRow(pause.lane, pause);
+      cell(row, "");
+      body.appendChild(row);
+    }
+    return;
+  }
+  for (const lane of operatorView.lanes.lanes) {
+    const row = laneRow(lane.lane, lane.pause);
+    const actions = cell(row, "");
+    const path = `/v1/work/lanes/${encodeURIComponent(lane.lane)}`;
+    if (lane.pause) {
+      actions.appendChild(
+        button("Resume", () => call("POST", `${path}/resume`, {})),
+      );
+    } else if (lane.known) {
+      actions.appendChild(
+        button("Pause", () => call("POST", `${path}/pause`, {})),
+      );
+    }
+    body.appendChild(row);
+  }
+}
+
+function renderWorkers() {
+  const section = document.getElementById("workers-section");
+  section.hidden = !operatorView;
+  const body = document.querySelector("#workers tbody");
+  body.replaceChildren();
+  if (!operatorView) {
+    return;
+  }
+  for (const holding of operatorView.overview.workers_holding) {
+    const row = document.createElement("tr");
+    row.dataset.worker = holding.worker;
+    cell(row, holding.worker);
+    cell(row, holding.items, "number");
+    body.appendChild(row);
+  }
+}
+
+function renderSchedules(listing) {
+  const body = document.querySelector("#schedules tbody");
+  body.replaceChildren();
+  for (const schedule of listing.schedules) {
+    const row = document.createElement("tr");
+    row.dataset.schedule = schedule.schedule;
+    cell(row, schedule.schedule);
+    cell(row, schedule.latest_tick);
+    body.appendChild(row);
+  }
+}
+
+async function readOperatorView(force) {
+  if (operator === false) {
+    return;
+  }
+  if (!force && Date.now() - operatorReadAt < OPERATOR_REFRESH_MS) {
+    return;
+  }
+  operatorReadAt = Date.now();
+  const response = await fetch("/v1/work/lanes", { headers: headers({}) });
+  if (response.status === 403) {
+    operator = false;
+    return;
+  }
+  if (!response.ok) {
+    const text = await response.text();
+    throw new Error(`GET /v1/work/lanes: ${response.status} ${text}`);
+  }
+  const lanes = await response.json();
+  const overview = await call("GET", "/v1/work/summary");
+  operator = true;
+  operatorView = { lanes, overview };
 }
 
 function renderActivity(activity) {
@@ -145,19 +263,28 @@ function showError(error) {
   status.className = "error";
 }
 
-async function refresh() {
+async function refresh(force) {
   if (!org) {
     showError(new Error("add ?org=<tenant id> to the address"));
     return;
   }
   try {
-    const [summary, dead, activity] = await Promise.all([
-      call("GET", `${base}/summary`),
-      call("GET", `${base}/dead-letters?limit=20`),
-      call("GET", `${base}/activity`),
-    ]);
+    const [summary, dead, activity, available, claimed, schedules] =
+      await Promise.all([
+        call("GET", `${base}/summary`),
+        call("GET", `${base}/dead-letters?limit=20`),
+        call("GET", `${base}/activity`),
+        call("GET", `${base}/items?status=AVAILABLE&limit=20`),
+        call("GET", `${base}/items?status=CLAIMED&limit=20`),
+        call("GET", `${base}/schedules`),
+        readOperatorView(force === true),
+      ]);
     renderCounts(summary);
     renderDeadLetters(dead);
+    renderItems([claimed, available]);
+    renderLanes(summary);
+    renderWorkers();
+    renderSchedules(schedules);
     renderActivity(activity);
     const status = document.getElementById("status");
     status.textContent = `Updated ${new Date().toLocaleTimeString()}`;
@@ -167,5 +294,5 @@ async function refresh() {
   }
 }
 
-refresh();
+refresh(true);
 window.setInterval(refresh, REFRESH_MS);
