@@ -37,8 +37,11 @@ def test_the_engine_holds_no_jinja_and_every_source_is_rendered_or_engine_only()
     named = set(stubs().values())
     for path in (REPO / "engine").rglob("*.py"):
         text = path.read_text(encoding="utf-8")
-        assert not re.search(r"\{\{ |\{% ", text), path
         rel = path.relative_to(REPO / "engine").as_posix()
+        # A rendered source is held to test_render's residue rule: an f-string's `{{`
+        # reads as an unrendered tag in a host, so it is written another way.
+        residue = r"(?<!\$)\{\{|\{%" if rel in named else r"\{\{ |\{% "
+        assert not re.search(residue, text), f"{rel}: reads as Jinja residue"
         assert rel in named or "/tests/" in f"/{rel}", f"{rel}: no stub renders it"
 
 

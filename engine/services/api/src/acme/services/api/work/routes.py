@@ -380,7 +380,7 @@ def _add_enqueue_routes(into: APIRouter, kind: WorkKind, model: type[BaseModel])
         operation_id=f"enqueue_{kind.value.lower()}_bulk",
     )
     into.add_api_route(
-        TENANT + f"/kinds/{kind.value}/dead-letters/{{item_id}}/replay",
+        TENANT + f"/kinds/{kind.value}/dead-letters/" + "{item_id}/replay",
         replay_corrected,
         methods=["POST"],
         response_model=ItemView,
