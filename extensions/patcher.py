@@ -472,8 +472,8 @@ def _relative_import(
 
 def edit_roles(text: str, spec: Spec, limit: int) -> str:
     """`storage/roles.py`: `work_items` and `work_schedules` in the queue role and
-    org-scoped, `work_lane_pauses` in the queue role and shared by every tenant (new
-    namespace; an update adds the later ones to a host that has the first)."""
+    org-scoped, `work_lane_pauses` and `work_workers` in the queue role and shared by every
+    tenant (new namespace; an update adds the later ones to a host that has the first)."""
     where = f"{spec.om}/storage/roles.py"
     module = _parse(text, where)
     if "QUEUE" not in pyedit.class_members(_class(module, "DatabaseRole", where)):
@@ -486,6 +486,8 @@ def edit_roles(text: str, spec: Spec, limit: int) -> str:
     module = _dict_add(module, "TABLE_SCOPES", '"work_lane_pauses"', "TenancyScope.GLOBAL", where)
     module = _dict_add(module, "TABLE_ROLES", '"work_schedules"', "DatabaseRole.QUEUE", where)
     module = _dict_add(module, "TABLE_SCOPES", '"work_schedules"', "TenancyScope.ORG", where)
+    module = _dict_add(module, "TABLE_ROLES", '"work_workers"', "DatabaseRole.QUEUE", where)
+    module = _dict_add(module, "TABLE_SCOPES", '"work_workers"', "TenancyScope.GLOBAL", where)
     return module.code
 
 

@@ -57,6 +57,7 @@ HOST_TESTS = {
     "om/tests/contracts/work_storage_claim.py",
     "om/tests/contracts/work_storage_lanes.py",
     "om/tests/contracts/work_storage_order.py",
+    "om/tests/contracts/work_storage_roster.py",
     "om/tests/contracts/work_storage_rows.py",
     "om/tests/contracts/work_storage_schedules.py",
     "om/tests/contracts/work_storage_sweep.py",

@@ -3,8 +3,8 @@ a rendered host's own API (`acme-api serve`) and worker, on the embedded SQLite 
 
 Open the page, enqueue through the API and see the counts change, cancel one of those items
 from the page, pause and resume the lane as a platform operator (a member sees the pause
-and no buttons), replay a dead letter from the page and see it complete; a `<script>` in
-its payload stays text. A missing browser fails the test, naming the install line
+and no buttons), replay a dead letter from the page and see it complete, then see the
+worker that completed it alive on the roster; a `<script>` in its payload stays text. A missing browser fails the test, naming the install line
 (`.ci/run` installs it); it never skips.
 """
 
@@ -248,6 +248,12 @@ def test_the_dashboard_counts_enqueues_and_replays_a_dead_letter_to_completion(
         )
         assert done
         _until(lambda: _count(browser, "AVAILABLE") == 0, "the counts emptying", 60)
+        # The worker on the roster, read by the API: its name, lane and a recent beat.
+        browser.get(f"{page}&as={ids['admin']}")
+        alive = '#workers tr[data-worker="shipment-notifier"]'
+        _until(lambda: browser.find_elements(By.CSS_SELECTOR, alive), "the worker shown alive")
+        cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, f"{alive} td")]
+        assert cells[2] == lane and cells[4].endswith(" s ago"), cells
     except (AssertionError, WebDriverException, pytest.fail.Exception):
         for log in ("api.log", "worker.log"):
             if (tmp_path / log).exists():

@@ -121,11 +121,13 @@ def test_first_worker_applies_every_changed_row(host: Path) -> None:
     roles = (om / "storage/roles.py").read_text()
     assert (
         '    "work_items": DatabaseRole.QUEUE,\n    "work_lane_pauses": DatabaseRole.QUEUE,\n'
-        '    "work_schedules": DatabaseRole.QUEUE,\n}' in roles
+        '    "work_schedules": DatabaseRole.QUEUE,\n    "work_workers": DatabaseRole.QUEUE,\n}'
+        in roles
     )
     assert (
         '    "work_items": TenancyScope.ORG,\n    "work_lane_pauses": TenancyScope.GLOBAL,\n'
-        '    "work_schedules": TenancyScope.ORG,\n}' in roles
+        '    "work_schedules": TenancyScope.ORG,\n    "work_workers": TenancyScope.GLOBAL,\n}'
+        in roles
     )
     root = (om / "root.py").read_text()
     assert "    work: WorkManagerInterface\n" in root

@@ -109,6 +109,7 @@ MIGRATION_PATTERNS = [
         "work_items_dead_letters",
         "work_items_schedules",
         "work_items_priority",
+        "work_items_workers",
     )
     for path in (
         rf"sql/queue/\d{{14}}_{name}\.up\.sql",

@@ -7,8 +7,8 @@ unvalidated, past the table's own checks (a row the storage's writes never make)
 cover claim exclusivity, the claim's order (priorities, a fair share per tenant), lease,
 requeue, fencing, idempotency, tenants and the raced claim, the replays of peers' failure
 reports (the template's docs/guarantees.md §2) that hold at the storage level, rows that
-cannot be read, the audit entries dead letters owe, paused lanes, an operator's cancel, and
-the schedule-state row.
+cannot be read, the audit entries dead letters owe, paused lanes, an operator's cancel, the
+schedule-state row, and the worker roster.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from contracts.work_storage_cancel import CancelCases
 from contracts.work_storage_claim import ClaimCases
 from contracts.work_storage_lanes import LaneCases
 from contracts.work_storage_order import OrderCases
+from contracts.work_storage_roster import RosterCases
 from contracts.work_storage_rows import RowCases
 from contracts.work_storage_schedules import ScheduleCases
 from contracts.work_storage_sweep import SweepCases
@@ -39,6 +40,13 @@ __all__ = [
 
 
 class WorkStorageContract(
-    ClaimCases, OrderCases, SweepCases, RowCases, LaneCases, CancelCases, ScheduleCases
+    ClaimCases,
+    OrderCases,
+    SweepCases,
+    RowCases,
+    LaneCases,
+    CancelCases,
+    ScheduleCases,
+    RosterCases,
 ):
     """The cases every work storage passes; subclasses provide `storage` and `advance`."""

@@ -29,8 +29,13 @@ from acme.om.work.types.work_item import WorkItem, WorkStatus
 
 
 @pytest.fixture
-def storage() -> MemoryWorkStorage:
-    return MemoryWorkStorage(clock=FakeClock())
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def storage(clock: FakeClock) -> MemoryWorkStorage:
+    return MemoryWorkStorage(clock=clock)
 
 
 @pytest.fixture
@@ -201,3 +206,44 @@ async def test_the_summary_counts_names_the_pauses_and_the_holders(
     assert [(p.lane, p.paused_by, p.reason) for p in summary.paused] == [(LANE, "alice", "deploy")]
     assert summary.workers_holding == {"w7": 1}
     assert summary.oldest_due_age(LANE) >= 0.0
+
+
+# -- the worker roster (docs/decisions/0049) ------------------------------------------------
+
+
+async def test_the_summary_lists_an_idle_worker_alive_beside_one_holding_an_item(
+    bench: WorkBench, ctx: OpContext, rctx: RequestContext, clock: FakeClock
+) -> None:
+    """The case the holders alone could not show: a worker alive with nothing claimed."""
+    await bench.work.enqueue(ctx, new_item(ctx))
+    await claim(bench, worker="w7")
+    for worker_id in ("w7", "w8"):
+        await bench.work.beat_worker(
+            rctx, worker_id, worker="invoice-mailer", lane=LANE, kinds=[KIND], ttl_s=15.0
+        )
+    await bench.work.beat_worker(
+        rctx, "w9", worker="invoice-mailer", lane=LANE, kinds=[KIND], ttl_s=1.0
+    )
+    clock.advance(2.0)  # w9 stopped beating: past its TTL
+
+    summary = await bench.work.queue_summary(rctx)
+
+    alive = [(w.worker_id, w.worker, w.lane, w.kinds, w.holding) for w in summary.workers_alive]
+    assert alive == [
+        ("w7", "invoice-mailer", LANE, (KIND.value,), 1),
+        ("w8", "invoice-mailer", LANE, (KIND.value,), 0),
+    ]
+    assert summary.workers_holding == {"w7": 1}
+
+
+async def test_a_roster_beat_without_a_name_or_a_ttl_and_a_negative_grace_are_refused(
+    bench: WorkBench, rctx: RequestContext
+) -> None:
+    with pytest.raises(Invalid, match=r"^worker_id, worker: "):
+        await bench.work.beat_worker(rctx, "w1", worker="", lane=LANE, kinds=[KIND], ttl_s=1.0)
+    with pytest.raises(Invalid, match=r"^ttl_s: must be above 0 seconds"):
+        await bench.work.beat_worker(rctx, "w1", worker="m", lane=LANE, kinds=[KIND], ttl_s=0)
+    with pytest.raises(Invalid, match=r"^expired_for_s: "):
+        await bench.work.prune_workers(rctx, expired_for_s=-1.0)
+
+    assert (await bench.work.queue_summary(rctx)).workers_alive == []

@@ -546,6 +546,32 @@ async def test_the_all_tenant_summary_names_the_workers_holding_items(world: Wor
     assert sum(group["count"] for group in overview.json()["lanes"]) == 3
 
 
+async def test_the_all_tenant_summary_lists_the_workers_alive_idle_ones_too(world: World) -> None:
+    work = world.managers.work
+    for worker_id in ("host-3:9", "host-1:41"):
+        await work.beat_worker(
+            RCTX, worker_id, worker="shipment-notifier", lane=LANE, kinds=[KIND], ttl_s=60.0
+        )
+    lease = datetime.now(UTC) + timedelta(minutes=5)
+    await world.item(
+        world.org_a,
+        status=WorkStatus.CLAIMED,
+        claimed_by="host-1:41",
+        claim_token=uuid4(),
+        lease_expires_at=lease,
+    )
+
+    overview = await world.client.get("/v1/work/summary", headers=world.as_(world.operator))
+
+    assert overview.status_code == 200, overview.text
+    alive = overview.json()["workers_alive"]
+    assert [(w["worker_id"], w["lane"], w["kinds"], w["holding"]) for w in alive] == [
+        ("host-1:41", LANE, [KIND.value], 1),
+        ("host-3:9", LANE, [KIND.value], 0),
+    ]
+    assert all(w["beat_at"] and w["started_at"] for w in alive)
+
+
 async def test_a_member_reads_the_tenants_schedules_with_their_latest_tick(world: World) -> None:
     tick = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
     ctx = await world.ctx(world.admin)

@@ -1176,3 +1176,37 @@ def test_the_summary_as_json_is_the_typed_model(
 
     summary = QueueSummary.model_validate_json(capsys.readouterr().out)
     assert all(group.count >= 1 for group in summary.groups)
+
+
+def test_the_summary_lists_a_worker_alive_that_holds_nothing(
+    backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An idle worker is on the roster its heartbeat writes (docs/decisions/0049): the summary
+    lists it, as a line and in JSON, with nothing held."""
+    worker_id = f"host:1:{uuid4().hex[:8]}"
+    lane = f"cli_{uuid4().hex[:8]}"
+    rctx = RequestContext.new(APP)
+
+    async def beat(container: RuntimeContainer) -> None:
+        await container.managers.work.beat_worker(
+            rctx, worker_id, worker=PROBE.name, lane=lane, kinds=[PROBE.kind], ttl_s=60.0
+        )
+
+    async def drop(container: RuntimeContainer) -> bool:
+        return await container.managers.work.drop_worker(rctx, worker_id)
+
+    _on_the_queue(beat)
+    capsys.readouterr()
+    console(PROBE, ["summary"])
+    lines = capsys.readouterr()
+    console(PROBE, ["summary", "--json"])
+    summary = QueueSummary.model_validate_json(capsys.readouterr().out)
+    assert _on_the_queue(drop) is True
+
+    (line,) = [row for row in lines.out.splitlines() if worker_id in row]
+    columns = line.split("\t")
+    assert columns[:5] == ["alive", worker_id, PROBE.name, lane, PROBE.kind.value]
+    assert columns[6] == "0"
+    assert "worker(s) alive (" in lines.err
+    (alive,) = [w for w in summary.workers_alive if w.worker_id == worker_id]
+    assert (alive.lane, alive.kinds, alive.holding) == (lane, (PROBE.kind.value,), 0)

@@ -466,4 +466,31 @@ class WorkManagerInterface(ABC):
     async def queue_summary(self, rctx: RequestContext) -> QueueSummary:
         """The queue at a glance, across every tenant (`QueueSummary`): counts per lane,
         kind and status of the rows in play with each lane's oldest due age, the paused
-        lanes, and the workers holding items under a live lease. Reads no history."""
+        lanes, the workers alive (the roster's unexpired rows, each with the items it holds)
+        and the workers holding items under a live lease. Reads no history."""
+
+    @abstractmethod
+    async def beat_worker(
+        self,
+        rctx: RequestContext,
+        worker_id: str,
+        *,
+        worker: str,
+        lane: str,
+        kinds: Sequence[WorkKind],
+        ttl_s: float,
+    ) -> None:
+        """Record a heartbeat of the worker process `worker_id` (`worker` its name, claiming
+        `kinds` on `lane`) in the worker roster, alive for `ttl_s` seconds from now on the
+        database clock (docs/decisions/0049); one statement, in the system scope. Raises
+        `Invalid` for an empty `worker_id` or `worker`, or a `ttl_s` that is not above 0."""
+
+    @abstractmethod
+    async def drop_worker(self, rctx: RequestContext, worker_id: str) -> bool:
+        """Take `worker_id` off the worker roster (its drain); whether it was on it."""
+
+    @abstractmethod
+    async def prune_workers(self, rctx: RequestContext, *, expired_for_s: float) -> int:
+        """Delete the roster rows of workers expired more than `expired_for_s` seconds ago
+        (gone without a drain: killed, or their host lost); how many. Raises `Invalid` for a
+        negative `expired_for_s`."""

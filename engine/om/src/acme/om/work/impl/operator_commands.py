@@ -5,7 +5,7 @@ summary, each operator write audited under the operator's name when given."""
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NoReturn
 from uuid import UUID, uuid5
@@ -29,7 +29,7 @@ from acme.om.work.rules import (
     refuse_nul,
 )
 from acme.om.work.storage import CANCEL_NOTE, WorkStorageInterface
-from acme.om.work.types.lanes import LanePause, QueueSummary
+from acme.om.work.types.lanes import LanePause, QueueSummary, WorkerAlive
 from acme.om.work.types.work_item import (
     WORK_PAYLOADS,
     LaneStats,
@@ -431,7 +431,52 @@ class OperatorCommands(WorkManagerInterface):
         groups = await self.queue_stats(rctx)
         paused = await self._storage.paused_lanes(EMPTY_UUID)
         holding = await self._storage.holders(EMPTY_UUID)
-        return QueueSummary(groups=groups, paused=paused, workers_holding=holding, read_at=read_at)
+        alive = [
+            WorkerAlive(
+                **row.model_dump(exclude={"expires_at"}), holding=holding.get(row.worker_id, 0)
+            )
+            for row in await self._storage.alive_workers(EMPTY_UUID)
+        ]
+        return QueueSummary(
+            groups=groups,
+            paused=paused,
+            workers_alive=alive,
+            workers_holding=holding,
+            read_at=read_at,
+        )
+
+    # -- the worker roster (docs/decisions/0049) -------------------------------------------
+
+    async def beat_worker(
+        self,
+        rctx: RequestContext,
+        worker_id: str,
+        *,
+        worker: str,
+        lane: str,
+        kinds: Sequence[WorkKind],
+        ttl_s: float,
+    ) -> None:
+        if not worker_id or not worker:
+            raise Invalid("worker_id, worker: a worker's roster row needs its id and its name")
+        if not ttl_s > 0:
+            raise Invalid(f"ttl_s: must be above 0 seconds, got {ttl_s}")
+        await self._storage.beat_worker(
+            EMPTY_UUID,
+            worker_id,
+            worker=worker,
+            lane=lane,
+            kinds=[kind.value for kind in kinds],
+            ttl_s=ttl_s,
+        )
+
+    async def drop_worker(self, rctx: RequestContext, worker_id: str) -> bool:
+        return await self._storage.drop_worker(EMPTY_UUID, worker_id)
+
+    async def prune_workers(self, rctx: RequestContext, *, expired_for_s: float) -> int:
+        if expired_for_s < 0:
+            raise Invalid(f"expired_for_s: must be 0 seconds or more, got {expired_for_s}")
+        return await self._storage.prune_workers(EMPTY_UUID, expired_for_s)
 
 
 LANE_SUBJECT_TYPE = "work_lane"

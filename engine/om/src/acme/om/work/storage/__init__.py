@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar
 from uuid import UUID
 
-from acme.om.work.types.lanes import LanePause
+from acme.om.work.types.lanes import LanePause, WorkerBeat
 from acme.om.work.types.work_item import (
     LaneStats,
     UnreadableRow,
@@ -471,6 +471,40 @@ class WorkStorageInterface(ABC):
         """How many items each worker (`claimed_by`) holds with its lease not yet passed, on
         the storage's clock; `EMPTY_UUID` counts every tenant's items. Reads the claimed rows
         only (on PostgreSQL through `ix_work_items_claimed`)."""
+
+    @abstractmethod
+    async def beat_worker(
+        self,
+        org_id: UUID,
+        worker_id: str,
+        *,
+        worker: str,
+        lane: str,
+        kinds: Sequence[str],
+        ttl_s: float,
+    ) -> None:
+        """Record a beat of `worker_id` in the worker roster (`work_workers`,
+        docs/decisions/0049): one upsert. A new row gets `started_at` the storage's now;
+        every beat sets `worker`, `lane`, `kinds` (no space in any), `beat_at` the
+        storage's now and `expires_at` `ttl_s` seconds later. `org_id` is the session's
+        scope only, `EMPTY_UUID`: the roster has no tenant, and on PostgreSQL its policy
+        refuses any other scope."""
+
+    @abstractmethod
+    async def drop_worker(self, org_id: UUID, worker_id: str) -> bool:
+        """Delete `worker_id`'s roster row (its drain's last step); whether there was one.
+        `org_id` as for `beat_worker`."""
+
+    @abstractmethod
+    async def prune_workers(self, org_id: UUID, expired_for_s: float) -> int:
+        """Delete the roster rows whose `expires_at` passed more than `expired_for_s`
+        seconds ago on the storage's clock (workers gone without a drain); how many, in one
+        statement. `org_id` as for `beat_worker`."""
+
+    @abstractmethod
+    async def alive_workers(self, org_id: UUID) -> list[WorkerBeat]:
+        """The roster rows whose `expires_at` has not passed on the storage's clock, by
+        `worker_id`. `org_id` as for `beat_worker`."""
 
     @abstractmethod
     async def oldest_snapshot(self, org_id: UUID) -> OldestSnapshot | None:

@@ -1,4 +1,5 @@
-"""A lane's pause and the queue at a glance (`WorkManagerInterface.queue_summary`)."""
+"""A lane's pause, the worker roster, and the queue at a glance
+(`WorkManagerInterface.queue_summary`)."""
 
 from __future__ import annotations
 
@@ -24,15 +25,52 @@ class LanePause(BaseModel):
     reason: str | None = None
 
 
+class WorkerBeat(BaseModel):
+    """A worker process's row in the roster (`work_workers`, docs/decisions/0049), as its
+    heartbeat writes it: no tenant, a worker serves them all.
+
+    `worker_id` is the process's id (`<host>:<pid>:<random>`, the `claimed_by` of what it
+    holds), `worker` its name (the console command), `lane` and `kinds` what it claims.
+    `started_at` is its first beat, `beat_at` its latest, `expires_at` when it stops counting
+    as alive without another (its beat plus its liveness TTL): all on the database's clock.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    worker_id: str
+    worker: str
+    lane: str
+    kinds: tuple[str, ...]
+    started_at: datetime
+    beat_at: datetime
+    expires_at: datetime
+
+
+class WorkerAlive(BaseModel):
+    """A worker whose roster row has not expired, with `holding`: the items it holds under a
+    live lease (0: idle)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    worker_id: str
+    worker: str
+    lane: str
+    kinds: tuple[str, ...]
+    started_at: datetime
+    beat_at: datetime
+    holding: int
+
+
 class QueueSummary(BaseModel):
     """The queue across every tenant, as an operator reads it at a glance.
 
     `groups`: counts per lane, kind and status of the rows in play (`LaneStats`: available,
     claimed, and dead letters still owing their audit entry; history is not read), each
     `AVAILABLE` group with its oldest due age in seconds. `paused`: the paused lanes.
-    `workers_holding`: the workers (`claimed_by`) holding at least one item whose lease
-    has not passed, with how many they hold; an idle worker holds nothing and is not
-    listed (its liveness key is in the cache, which lists no keys). `read_at`: when the
+    `workers_alive`: the workers whose roster row has not expired (`WorkerAlive`, idle ones
+    too), by worker id. `workers_holding`: the workers (`claimed_by`) holding at least one
+    item whose lease has not passed, with how many they hold, whether in the roster or not
+    (a worker of a release without it, or whose roster writes fail). `read_at`: when the
     summary was read, on the reading process's clock.
     """
 
@@ -40,6 +78,7 @@ class QueueSummary(BaseModel):
 
     groups: list[LaneStats]
     paused: list[LanePause]
+    workers_alive: list[WorkerAlive]
     workers_holding: dict[str, int]
     read_at: datetime
 

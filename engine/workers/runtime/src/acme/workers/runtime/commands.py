@@ -418,7 +418,9 @@ def _pause_line(verb: str, pause: LanePause) -> str:
 async def _summary(
     container: RuntimeContainer, settings: RuntimeSettings, args: argparse.Namespace
 ) -> None:
-    """`summary`: the queue at a glance, as lines (`count`, `paused`, `holding`) or JSON."""
+    """`summary`: the queue at a glance, as lines (`count`, `paused`, `alive`, `holding`) or
+    JSON. An `alive` line is a worker in the roster (docs/decisions/0049): its id, name,
+    lane, kinds (comma-separated), last beat and the items it holds (0: idle)."""
     summary = await container.managers.work.queue_summary(RequestContext.new(_app(settings)))
     if args.json:
         print(summary.model_dump_json(indent=2))
@@ -439,11 +441,28 @@ async def _summary(
         )
     for pause in summary.paused:
         print(_pause_line("paused", pause))
+    for alive in summary.workers_alive:
+        beat_at = alive.beat_at.isoformat(timespec="seconds")
+        print(
+            _line(
+                [
+                    "alive",
+                    alive.worker_id,
+                    alive.worker,
+                    alive.lane,
+                    ",".join(alive.kinds),
+                    beat_at,
+                    str(alive.holding),
+                ]
+            )
+        )
     for worker_id, held in summary.workers_holding.items():
         print(_line(["holding", worker_id, str(held)]))
+    idle = sum(1 for alive in summary.workers_alive if not alive.holding)
     print(
         f"{len(summary.groups)} group(s) in play, oldest due item waiting "
         f"{summary.oldest_due_age():.1f}s, {len(summary.paused)} lane(s) paused, "
+        f"{len(summary.workers_alive)} worker(s) alive ({idle} idle), "
         f"{len(summary.workers_holding)} worker(s) holding items",
         file=sys.stderr,
     )

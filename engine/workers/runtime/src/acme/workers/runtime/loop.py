@@ -169,8 +169,10 @@ class WorkerLoop:
         self.heartbeat = Heartbeat(
             settings=settings,
             cache=cache,
+            work=work,
             metrics=metrics,
             worker_id=self.worker_id,
+            kinds=self._kinds,
             state=self.state,
             signal=self.signal,
         )

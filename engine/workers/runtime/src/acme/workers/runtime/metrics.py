@@ -182,6 +182,11 @@ class WorkerMetrics:
             "Liveness beats that failed or read back wrong",
             registry=registry,
         )
+        self.roster_write_failures = Counter(
+            "worker_roster_write_failures",
+            "Beats whose worker-roster row was not written (the liveness beat stands)",
+            registry=registry,
+        )
         self.sweep_moved = Counter(
             "worker_sweep_moved",
             "Rows the maintenance sweep moved, per step",

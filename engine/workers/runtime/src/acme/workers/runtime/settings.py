@@ -99,7 +99,8 @@ def embedded_database_url(cwd: Path | None = None) -> str:
 # wake-ups. On PostgreSQL the queue storage keeps the claim's and the completion flush's
 # connections checked out between calls (its held connections, docs/decisions/0021 in the
 # worker template). Each role's pool must hold its share at once; one sum covers every
-# role. The heartbeat talks to Redis only.
+# role. The heartbeat's roster write borrows a connection for one statement, bounded by the
+# beat's interval, and holds none between beats: it reserves none (docs/decisions/0049).
 RESERVED_CONNECTIONS = {
     "claim": 1,
     "claim's tenancy lookup": 1,
@@ -402,6 +403,14 @@ class RuntimeSettings(BaseSettings):
     def liveness_ttl(self) -> Seconds:
         """Seconds the liveness key outlives its beat: one beat past the failure limit."""
         return self.heartbeat_interval * (self.heartbeat_failure_limit + 1)
+
+    @property
+    def roster_grace(self) -> Seconds:
+        """Seconds a worker-roster row outlives its expiry before this worker's sweep deletes
+        it: two liveness TTLs, so a worker gone without a drain leaves the roster three TTLs
+        after its last beat (docs/decisions/0049), and a worker whose roster writes failed
+        for a while but whose liveness beat held keeps its row (and its `started_at`)."""
+        return 2 * self.liveness_ttl
 
     @property
     def app_version(self) -> str:

@@ -4,8 +4,9 @@ Each service does one job and is idempotent (a conditional statement): per tenan
 its service context, `RequeueStale`, `AuditDeadLetters`, `ResumeParked`, `PurgeDeleted`,
 `PurgeCompleted`, `PurgeCancelled`; across tenants, `RelayOutbox` (what a crash left in the
 outbox, and the continuations resumed records appended there), `PurgeRelayed`,
-`UnwrittenWrites` (items whose final write failed, followed until a sweep hands them back)
-and last `QueueStats` (the gauges and the `queue stats` line, `queue_stats.py`). Every call
+`PruneRoster` (worker-roster rows of workers gone without a drain), `UnwrittenWrites`
+(items whose final write failed, followed until a sweep hands them back) and last
+`QueueStats` (the gauges and the `queue stats` line, `queue_stats.py`). Every call
 is wrapped by `SweepSteps`, so one failing step never stops the others. The shape follows
 River's queue maintainer (one service per job).
 """
@@ -156,6 +157,18 @@ class RelayOutbox:
         await steps.move(moved, "purge_relayed", purge)
 
 
+class PruneRoster:
+    """Worker-roster rows expired more than `grace_s` seconds ago: workers killed without a
+    drain (docs/decisions/0049)."""
+
+    def __init__(self, work: WorkManagerInterface, grace_s: float) -> None:
+        self._work, self._grace_s = work, grace_s
+
+    async def sweep(self, steps: SweepSteps, rctx: RequestContext, moved: Moved) -> None:
+        prune = partial(self._work.prune_workers, rctx, expired_for_s=self._grace_s)
+        await steps.move(moved, "prune_roster", prune)
+
+
 class UnwrittenWrites:
     """Items whose final write (completion, failure) failed, followed until a sweep hands
     them back; at most `_AWAITING_SWEEP_LIMIT` are followed, the rest only logged."""
@@ -235,6 +248,7 @@ class Sweep:
             PurgeCancelled(work, settings.retention),
         ]
         self.relay = RelayOutbox(outbox_relay, settings.retention)
+        self.roster = PruneRoster(work, settings.roster_grace)
         self.queue_stats = QueueStats(
             settings=settings,
             work=work,
@@ -293,6 +307,7 @@ class Sweep:
             for service in self.tenant_services:
                 await service.sweep_tenant(steps, ctx, moved)
         await self.relay.sweep(steps, rctx, moved)
+        await self.roster.sweep(steps, rctx, moved)
         if self.unwritten.items:
             await steps.run("unwritten", partial(self.unwritten.check, self._work, self.metrics))
         await self.queue_stats.sweep(steps, rctx)

@@ -22,7 +22,7 @@ from acme.om.work.storage import (
     OwedAudit,
     WorkStorageInterface,
 )
-from acme.om.work.types.lanes import LanePause
+from acme.om.work.types.lanes import LanePause, WorkerBeat
 from acme.om.work.types.work_item import (
     ItemCancelled,
     LaneStats,
@@ -74,7 +74,7 @@ class MemoryWorkStorage(WorkStorageInterface):
     Rows are copied in and out, so a caller's item never aliases a stored row. The audit
     entries dead letters owe are kept beside the rows (`_owed`: id to token and reason),
     as the SQL table keeps them in two columns the item does not carry; the schedule-state
-    rows in `_ticks`.
+    rows in `_ticks`, the worker roster in `_roster`.
     """
 
     backend: ClassVar[str] = "memory"
@@ -84,6 +84,7 @@ class MemoryWorkStorage(WorkStorageInterface):
         self._owed: dict[UUID, tuple[UUID, str]] = {}
         self._pauses: dict[str, LanePause] = {}
         self._ticks: dict[tuple[UUID, str], datetime] = {}  # the `work_schedules` rows
+        self._roster: dict[str, WorkerBeat] = {}  # the `work_workers` rows, by worker id
         self._lock = asyncio.Lock()
         self._clock = clock or utc_now
 
@@ -574,6 +575,50 @@ class MemoryWorkStorage(WorkStorageInterface):
                 ):
                     held[r.claimed_by] = held.get(r.claimed_by, 0) + 1
             return dict(sorted(held.items()))
+
+    async def beat_worker(
+        self,
+        org_id: UUID,
+        worker_id: str,
+        *,
+        worker: str,
+        lane: str,
+        kinds: Sequence[str],
+        ttl_s: float,
+    ) -> None:
+        """See `WorkStorageInterface.beat_worker`."""
+        async with self._lock:
+            now = self._clock()
+            stood = self._roster.get(worker_id)
+            self._roster[worker_id] = WorkerBeat(
+                worker_id=worker_id,
+                worker=worker,
+                lane=lane,
+                kinds=tuple(kinds),
+                started_at=now if stood is None else stood.started_at,
+                beat_at=now,
+                expires_at=now + timedelta(seconds=ttl_s),
+            )
+
+    async def drop_worker(self, org_id: UUID, worker_id: str) -> bool:
+        """See `WorkStorageInterface.drop_worker`."""
+        async with self._lock:
+            return self._roster.pop(worker_id, None) is not None
+
+    async def prune_workers(self, org_id: UUID, expired_for_s: float) -> int:
+        """See `WorkStorageInterface.prune_workers`."""
+        async with self._lock:
+            cutoff = self._after(-expired_for_s)
+            gone = [w for w, row in self._roster.items() if row.expires_at < cutoff]
+            for worker_id in gone:
+                del self._roster[worker_id]
+            return len(gone)
+
+    async def alive_workers(self, org_id: UUID) -> list[WorkerBeat]:
+        """See `WorkStorageInterface.alive_workers`."""
+        async with self._lock:
+            now = self._clock()
+            return [row for _, row in sorted(self._roster.items()) if row.expires_at > now]
 
     async def oldest_snapshot(self, org_id: UUID) -> OldestSnapshot | None:
         """See `WorkStorageInterface.oldest_snapshot`: None, nothing to vacuum."""

@@ -1,7 +1,7 @@
 """What the PostgreSQL and SQLite storages share besides the hot path: the funnel session,
 the dialect's clock, and the sweep's and the operator's statements (requeues, listings,
-operator writes, purges, statistics, owed audit entries), each written once in SQLAlchemy
-Core and filtered on the tenant besides opening its session under it.
+operator writes, purges, statistics, owed audit entries, the worker roster), each written
+once in SQLAlchemy Core and filtered on the tenant besides opening its session under it.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ from acme.om.work.storage.tables.work_items import (
     work_items,
 )
 from acme.om.work.storage.tables.work_lane_pauses import work_lane_pauses
-from acme.om.work.types.lanes import LanePause
+from acme.om.work.storage.tables.work_workers import work_workers
+from acme.om.work.types.lanes import LanePause, WorkerBeat
 from acme.om.work.types.work_item import (
     LaneStats,
     UnreadableItem,
@@ -60,6 +61,7 @@ from acme.om.work.types.work_item import (
 
 t = work_items
 pauses = work_lane_pauses
+roster = work_workers
 
 # The columns of an owed audit entry, read as stored (the row may not validate).
 _OWED = (
@@ -553,6 +555,65 @@ class SqlOperatorStatements(WorkStorageInterface):
         async with self._session(DatabaseRole.QUEUE, org_id) as conn:
             rows = (await conn.execute(query)).all()
         return {row.claimed_by: row.held for row in rows}
+
+    async def beat_worker(
+        self,
+        org_id: UUID,
+        worker_id: str,
+        *,
+        worker: str,
+        lane: str,
+        kinds: Sequence[str],
+        ttl_s: float,
+    ) -> None:
+        """See `WorkStorageInterface.beat_worker`: one `INSERT ... ON CONFLICT (worker_id)
+        DO UPDATE` that keeps `started_at`."""
+        dialect = postgresql if self._funnel.dialect == "postgresql" else sqlite
+        now = self._now()
+        stmt = dialect.insert(roster).values(
+            worker_id=worker_id,
+            worker=worker,
+            lane=lane,
+            kinds=" ".join(kinds),
+            started_at=now,
+            beat_at=now,
+            expires_at=self._after(ttl_s),
+        )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[roster.c.worker_id],
+            set_={
+                name: stmt.excluded[name]
+                for name in ("worker", "lane", "kinds", "beat_at", "expires_at")
+            },
+        )
+        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            await conn.execute(stmt)
+
+    async def drop_worker(self, org_id: UUID, worker_id: str) -> bool:
+        """See `WorkStorageInterface.drop_worker`."""
+        stmt = delete(roster).where(roster.c.worker_id == worker_id).returning(roster.c.worker_id)
+        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            return (await conn.execute(stmt)).first() is not None
+
+    async def prune_workers(self, org_id: UUID, expired_for_s: float) -> int:
+        """See `WorkStorageInterface.prune_workers`."""
+        stmt = (
+            delete(roster)
+            .where(roster.c.expires_at < self._after(-expired_for_s))
+            .returning(roster.c.worker_id)
+        )
+        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            return len((await conn.execute(stmt)).all())
+
+    async def alive_workers(self, org_id: UUID) -> list[WorkerBeat]:
+        """See `WorkStorageInterface.alive_workers`."""
+        query = select(roster).where(roster.c.expires_at > self._now()).order_by(roster.c.worker_id)
+        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            rows = (await conn.execute(query)).all()
+        return [
+            WorkerBeat.model_validate({**row._mapping, "kinds": tuple(row.kinds.split())})
+            for row in rows
+        ]
 
     async def oldest_snapshot(self, org_id: UUID) -> OldestSnapshot | None:
         """See `WorkStorageInterface.oldest_snapshot`: None, as SQLite keeps no

@@ -13,7 +13,7 @@ from uuid import UUID
 from pydantic import BaseModel, Field
 
 from acme.om.errors import Invalid
-from acme.om.work.types.lanes import LanePause, QueueSummary
+from acme.om.work.types.lanes import LanePause, QueueSummary, WorkerAlive
 from acme.om.work.types.work_item import LaneStats, WorkItem, WorkStatus
 
 FRAME_PREFIXES = ("Traceback (most recent call last):", "  File ", "    ")
@@ -121,10 +121,12 @@ class WorkerHolding(BaseModel):
 
 class QueueOverview(BaseModel):
     """The queue across every tenant for a platform operator (`QueueSummary`): counts, the
-    paused lanes with who paused them, the workers holding items, when it was read."""
+    paused lanes with who paused them, the workers alive by name and id (their roster rows,
+    docs/decisions/0049), the workers holding items, when it was read."""
 
     lanes: list[LaneStats]
     paused: list[LanePause]
+    workers_alive: list[WorkerAlive]
     workers_holding: list[WorkerHolding]
     read_at: datetime
 
@@ -134,6 +136,7 @@ class QueueOverview(BaseModel):
         return cls(
             lanes=summary.groups,
             paused=summary.paused,
+            workers_alive=sorted(summary.workers_alive, key=lambda w: (w.worker, w.worker_id)),
             workers_holding=[WorkerHolding(worker=w, items=n) for w, n in holding],
             read_at=summary.read_at,
         )

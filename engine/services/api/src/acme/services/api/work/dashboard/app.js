@@ -182,10 +182,37 @@ function renderWorkers() {
   if (!operatorView) {
     return;
   }
-  for (const holding of operatorView.overview.workers_holding) {
+  const overview = operatorView.overview;
+  const readAt = Date.parse(overview.read_at);
+  for (const alive of overview.workers_alive) {
     const row = document.createElement("tr");
-    row.dataset.worker = holding.worker;
+    row.dataset.worker = alive.worker;
+    row.dataset.workerId = alive.worker_id;
+    cell(row, alive.worker);
+    cell(row, alive.worker_id);
+    cell(row, alive.lane);
+    cell(row, alive.kinds.join(" "));
+    const beat = Math.max(0, (readAt - Date.parse(alive.beat_at)) / 1000);
+    cell(row, `${beat.toFixed(0)} s ago`, "number");
+    cell(row, alive.holding, "number");
+    body.appendChild(row);
+  }
+  // Holders with no roster row: a worker of an earlier release, or one whose roster
+  // writes fail while its leases hold.
+  const listed = new Set(
+    overview.workers_alive.map((alive) => alive.worker_id),
+  );
+  for (const holding of overview.workers_holding) {
+    if (listed.has(holding.worker)) {
+      continue;
+    }
+    const row = document.createElement("tr");
+    row.dataset.workerId = holding.worker;
+    cell(row, "not in the roster");
     cell(row, holding.worker);
+    cell(row, "");
+    cell(row, "");
+    cell(row, "");
     cell(row, holding.items, "number");
     body.appendChild(row);
   }
