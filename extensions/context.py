@@ -588,8 +588,8 @@ def launch_plan(context: dict[str, Any]) -> str:
 
 
 class ContextUpdater(ContextHook):
-    """Adds the derived names, `_host`, `_launch` and the helpers copier.yml calls
-    (`_preflight`, `_required`, `_launch_plan`) to every render's context."""
+    """Adds the derived names, `added_kind_capacity`, `_host`, `_launch` and the helpers
+    copier.yml calls (`_preflight`, `_required`, `_launch_plan`) to every render's context."""
 
     def hook(self, context: dict[str, Any]) -> None:
         record_absolute_source(context)
@@ -599,6 +599,8 @@ class ContextUpdater(ContextHook):
                 work_kind=str(context.get("work_kind") or ""),
             )
         )
+        # An added kind's capacity, as its `.env.example` line and its Terraform files say it.
+        context["added_kind_capacity"] = patcher.ADDED_KIND_CAPACITY
         dst = destination(context)
         replay = is_replay_folder(dst)
         # Tasks and the closing message come after the checks: the copy form's root copy has

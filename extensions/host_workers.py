@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ANSWERS = ".copier-answers.yml"
+TERRAFORM_ENVIRONMENTS = "deployment/terraform/environments"
 CONFLICT_MARKERS = ("<<<<<<< before updating", ">>>>>>> after updating")
 UNMERGED = {"DD", "AU", "UD", "UA", "DU", "AA", "UU"}
 TAG = re.compile(r"v?(\d+(?:\.\d+)+)")  # at least MAJOR.MINOR: `1772851` is a short hash
@@ -982,7 +983,8 @@ def add_kind(root: Path, name: str, kind: str) -> int:
 
 
 def _kind_files(root: Path, worker: str, kind: str, answers: dict[str, object]) -> list[Path]:
-    """The files the kind subtree rendered for `kind` of `worker` (the kind's answers too)."""
+    """The files the kind subtree rendered for `kind` of `worker` (the kind's answers too,
+    and its settings in each environment's Terraform: `kind_settings_files`)."""
     snake = names_of(worker, kind)["kind_snake"]
     work = root / "om" / "src" / str(answers["host_root"]) / "om" / "work"
     return [
@@ -991,8 +993,26 @@ def _kind_files(root: Path, worker: str, kind: str, answers: dict[str, object]) 
         root / "om" / "tests" / "unit" / f"test_enqueue_{snake}.py",
         kind_module(root, answers) / f"{snake}.py",
         root / "workers" / worker / "tests" / f"test_kind_{snake}.py",
+        *kind_settings_files(root, worker, kind),
         root / answers_path(worker, kind),
     ]
+
+
+def kind_settings_files(root: Path, worker: str, kind: str) -> list[Path]:
+    """The Terraform settings of `kind` added to `worker`, one file per environment:
+    `deployment/terraform/environments/<env>/kinds/<worker>/<kind_snake>.yml`, which the
+    worker file merges into its module instance's `kind_settings` (docs/decisions/0042)."""
+    snake = names_of(worker, kind)["kind_snake"]
+    return sorted(root.glob(f"{TERRAFORM_ENVIRONMENTS}/*/kinds/{worker}/{snake}.yml"))
+
+
+def _drop_empty_kind_folders(root: Path, worker: str) -> None:
+    """Remove `kinds/<worker>/` of each environment once its last kind's file is gone, and
+    `kinds/` when that leaves it empty: the folders the kind subtree's copy created."""
+    for folder in sorted(root.glob(f"{TERRAFORM_ENVIRONMENTS}/*/kinds/{worker}")):
+        for empty in (folder, folder.parent):
+            if empty.is_dir() and not any(empty.iterdir()):
+                empty.rmdir()
 
 
 def _remove_kind(root: Path, worker: str, kind: str, path: Path) -> list[str]:
@@ -1008,6 +1028,7 @@ def _remove_kind(root: Path, worker: str, kind: str, path: Path) -> list[str]:
         if target.is_file():
             target.unlink()
             touched.append(str(target.relative_to(root)))
+    _drop_empty_kind_folders(root, worker)
     return touched
 
 
