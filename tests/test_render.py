@@ -110,6 +110,7 @@ MIGRATION_PATTERNS = [
         "work_items_schedules",
         "work_items_priority",
         "work_items_workers",
+        "work_items_listed",
     )
     for path in (
         rf"sql/queue/\d{{14}}_{name}\.up\.sql",

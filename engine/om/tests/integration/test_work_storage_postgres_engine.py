@@ -258,6 +258,58 @@ def _sorts_of_work_items(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+async def test_a_page_of_the_items_list_reads_an_index_in_the_lists_order(
+    pg_funnel: StorageFunnel, pg_owner_url: str, lane: str
+) -> None:
+    """With thousands of completed rows in a tenant, a page of the work API's items list
+    (newest first, with no status or with `COMPLETED`, and a page after a cursor) walks
+    `ix_work_items_listed` in the list's order: no sort of the tenant's rows and no table
+    scan, so a page costs its own entries, not the history (docs/decisions/0050)."""
+    storage = PostgresWorkStorage(pg_funnel)
+    org = uuid4()
+    done_at = datetime.now(UTC) - timedelta(hours=1)
+    history = [
+        stored_row(org, lane, status="COMPLETED", completed_at=done_at) for _ in range(4000)
+    ] + [stored_row(org, lane) for _ in range(10)]
+    async with pg_funnel.session(DatabaseRole.QUEUE, org) as conn:
+        await conn.execute(insert(work_items), history)
+    owner = await asyncpg.connect(asyncpg_dsn(pg_owner_url))
+    try:
+        await owner.execute("ANALYZE work_items")
+        statements: list[tuple[str, Any]] = []
+
+        def seen(*args: Any) -> None:
+            if "FROM work_items" in args[2]:
+                statements.append((args[2], args[3]))
+
+        engine = pg_funnel.engine(DatabaseRole.QUEUE).sync_engine
+        event.listen(engine, "before_cursor_execute", seen)
+        try:
+            page = await storage.list_items(org, limit=50)
+            await storage.list_items(org, status=WorkStatus.COMPLETED, limit=50)
+            last = page[-1]
+            await storage.list_items(org, after=(last.created_at, last.id), limit=50)
+        finally:
+            event.remove(engine, "before_cursor_execute", seen)
+
+        assert len(statements) == 3
+        for statement, parameters in statements:
+            async with owner.transaction():
+                await owner.execute("SELECT set_config('app.org_id', $1, true)", str(org))
+                explained = await owner.fetchval(
+                    f"EXPLAIN (FORMAT JSON) {statement}", *(parameters or ())
+                )
+            (plan,) = json.loads(explained)
+            reads = _reads_of_work_items(plan["Plan"])
+            assert [index for _, index in reads] == ["ix_work_items_listed"], (statement, reads)
+            assert _sorts_of_work_items(plan["Plan"]) == [], statement
+    finally:
+        async with owner.transaction():
+            await owner.execute("SELECT set_config('app.org_id', $1, true)", str(org))
+            await owner.execute("DELETE FROM work_items WHERE org_id = $1", org)
+        await owner.close()
+
+
 async def test_the_claim_reads_its_index_in_order_whatever_the_tenants_hold(
     pg_funnel: StorageFunnel, pg_owner_url: str, lane: str
 ) -> None:

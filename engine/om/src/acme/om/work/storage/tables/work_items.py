@@ -222,6 +222,17 @@ work_items = Table(
         postgresql_where=text("status = 'FAILED' AND deleted_at IS NULL"),
         sqlite_where=text("status = 'FAILED' AND deleted_at IS NULL"),
     ),
+    # The work API's items list, newest first (docs/decisions/0050): a page walks its own
+    # entries in the list's order, whatever history the retention keeps. Neither key column
+    # changes after the insert, so a lease renewal stays a HOT update.
+    Index(
+        "ix_work_items_listed",
+        "org_id",
+        text("created_at DESC"),
+        "id",
+        postgresql_where=text("deleted_at IS NULL"),
+        sqlite_where=text("deleted_at IS NULL"),
+    ),
     # The sweep's purge of discarded items: a tenant's discarded rows (an operator's few),
     # so the purge never reads the completed history.
     Index(

@@ -1,0 +1,6 @@
+-- Drops the items list's index: a page of the list sorts the tenant's rows again.
+SET lock_timeout = '2s';
+SET statement_timeout = '1h';
+DROP INDEX CONCURRENTLY IF EXISTS ix_work_items_listed;
+RESET statement_timeout;
+RESET lock_timeout;
