@@ -111,6 +111,7 @@ MIGRATION_PATTERNS = [
         "work_items_priority",
         "work_items_workers",
         "work_items_listed",
+        "work_items_next_tick",
     )
     for path in (
         rf"sql/queue/\d{{14}}_{name}\.up\.sql",

@@ -381,6 +381,37 @@ def test_every_queue_revision_follows_the_rule(name: str) -> None:
     assert found == [], "\n".join(found)
 
 
+TPL_VERSIONS = TPL_SQL.parent.parent / "versions" / "queue"
+# alembic's `alembic_version.version_num` is `varchar(32)`; a host's update may add the
+# merge revision `<template head>_join` (extensions/queue_join.py), 5 characters more.
+VERSION_NUM_CHARS = 32
+STAMP_CHARS = 14
+
+
+def test_every_queue_revision_id_and_its_join_fit_alembics_version_column() -> None:
+    """Every id `<stamp>_<name>` fits the column, and the head's with `_join` too: a host
+    with revisions of its own gets that merge revision on update. Each new revision is the
+    head when it is added, so a name too long for its join fails here first; past the
+    column, `make migrate` failed only once a database reached it."""
+    found = {}
+    for path in sorted(TPL_VERSIONS.glob("*.py.jinja")):
+        text = path.read_text(encoding="utf-8")
+        ids = [
+            re.search(rf'^{key} = "\{{\{{ migration_stamp \}}\}}(\w*)"$', text, re.MULTILINE)
+            for key in ("revision", "down_revision")
+        ]
+        if ids[0] is not None:
+            found[ids[0].group(1)] = None if ids[1] is None else ids[1].group(1)
+    assert len(found) >= 15
+    too_long = [r for r in found if STAMP_CHARS + len(r) > VERSION_NUM_CHARS]
+    assert too_long == [], f"revision ids longer than version_num's {VERSION_NUM_CHARS}: {too_long}"
+    [head] = set(found) - set(found.values())
+    assert STAMP_CHARS + len(head) + len("_join") <= VERSION_NUM_CHARS, (
+        f"the head <stamp>{head} leaves its join <stamp>{head}_join past version_num's "
+        f"{VERSION_NUM_CHARS} characters: name it in at most 12"
+    )
+
+
 # --- mutation: a good revision passes; each breach of it is refused -------------------------
 
 PROBE = "ix_work_items_rule_probe"

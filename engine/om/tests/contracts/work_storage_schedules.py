@@ -10,6 +10,7 @@ from uuid import UUID, uuid4
 from work_fixtures import make_item, outcome, token_of
 
 from acme.om.work.storage import WorkStorageInterface
+from acme.om.work.types.schedules import ScheduleState
 from acme.om.work.types.work_item import WorkStatus
 from contracts.work_storage_base import StorageCases
 
@@ -70,6 +71,25 @@ class ScheduleCases(StorageCases):
         assert await storage.schedule_ticks(other) == {}
         assert await storage.advance_schedule(other, name, previous=None, tick=TICK, item=None)
         assert await storage.schedule_ticks(other) == {name: TICK}
+
+    async def test_the_row_records_the_next_tick_each_advance_gives_it(
+        self, storage: WorkStorageInterface, org: UUID
+    ) -> None:
+        """The tick after the handled one, as the advancing worker's cron gave it, for the
+        work API (docs/decisions/0051); an advance that gives none records none."""
+        name, older = f"w:{uuid4().hex}", f"v:{uuid4().hex}"
+        assert await storage.advance_schedule(
+            org, name, previous=None, tick=TICK, item=None, next_tick=TICK + HOUR
+        )
+        assert await storage.advance_schedule(
+            org, name, previous=TICK, tick=TICK + HOUR, item=None, next_tick=TICK + 2 * HOUR
+        )
+        assert await storage.advance_schedule(org, older, previous=None, tick=TICK, item=None)
+        assert await storage.schedule_states(org) == [
+            ScheduleState(schedule=older, tick_at=TICK, next_tick_at=None),
+            ScheduleState(schedule=name, tick_at=TICK + HOUR, next_tick_at=TICK + 2 * HOUR),
+        ]
+        assert await storage.schedule_ticks(org) == {name: TICK + HOUR, older: TICK}
 
     async def test_a_purged_item_leaves_its_tick_handled(
         self, storage: WorkStorageInterface, lane: str, org: UUID

@@ -572,11 +572,21 @@ async def test_the_all_tenant_summary_lists_the_workers_alive_idle_ones_too(worl
     assert all(w["beat_at"] and w["started_at"] for w in alive)
 
 
-async def test_a_member_reads_the_tenants_schedules_with_their_latest_tick(world: World) -> None:
+async def test_a_member_reads_the_tenants_schedules_with_their_latest_and_next_tick(
+    world: World,
+) -> None:
     tick = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
     ctx = await world.ctx(world.admin)
     await world.managers.work.enqueue_tick(
-        ctx, "reports:nightly", previous=None, tick=tick, item=None
+        ctx,
+        "reports:nightly",
+        previous=None,
+        tick=tick,
+        item=None,
+        next_tick=tick + timedelta(days=1),
+    )
+    await world.managers.work.enqueue_tick(
+        ctx, "reports:older", previous=None, tick=tick, item=None
     )
     other = await world.managers.tenancy.service_context(
         RCTX, org_id=world.org_b, acting_for=EMPTY_UUID, caused_by_request_id=None
@@ -591,5 +601,13 @@ async def test_a_member_reads_the_tenants_schedules_with_their_latest_tick(world
 
     assert listed.status_code == 200, listed.text
     assert listed.json() == {
-        "schedules": [{"schedule": "reports:nightly", "latest_tick": "2026-03-01T02:00:00Z"}]
+        "schedules": [
+            {
+                "schedule": "reports:nightly",
+                "latest_tick": "2026-03-01T02:00:00Z",
+                "next_tick": "2026-03-02T02:00:00Z",
+            },
+            # a row written without a next tick (a release before it): shown as unknown
+            {"schedule": "reports:older", "latest_tick": "2026-03-01T02:00:00Z", "next_tick": None},
+        ]
     }

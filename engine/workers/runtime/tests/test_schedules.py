@@ -130,6 +130,19 @@ async def enqueue_three_hours_from_two_schedulers(
         for s in (one, two)
     )
     assert enqueued == 3 * len(orgs)
+    # each tenant's row holds the tick handled and the next by the cron, for the work API
+    for org in orgs:
+        ctx = next(
+            c
+            for c in await first.managers.work.maintenance_contexts(RequestContext.new(APP))
+            if c.org_id == org
+        )
+        [state] = await first.managers.work.schedule_states(ctx)
+        assert (state.schedule, state.tick_at, state.next_tick_at) == (
+            "worker-probe:hourly",
+            datetime(2026, 6, 1, 12, 0, tzinfo=UTC),
+            datetime(2026, 6, 1, 13, 0, tzinfo=UTC),
+        )
 
 
 async def test_two_schedulers_over_memory_enqueue_an_hourly_schedule_thrice_in_three_hours(

@@ -14,6 +14,7 @@ from acme.om.context import OpContext, RequestContext
 from acme.om.outbox import OutboxRow
 from acme.om.work.storage import WakeUps
 from acme.om.work.types.lanes import LanePause, QueueSummary
+from acme.om.work.types.schedules import ScheduleState
 from acme.om.work.types.work_item import (
     LaneStats,
     UnreadableRow,
@@ -110,9 +111,14 @@ class WorkManagerInterface(ABC):
         """
 
     @abstractmethod
+    async def schedule_states(self, ctx: OpContext) -> list[ScheduleState]:
+        """`ctx`'s tenant's schedule-state rows (`ScheduleState`: the latest handled tick and
+        the one after it), by schedule name (`<worker>:<name>`)."""
+
     async def schedule_ticks(self, ctx: OpContext) -> dict[str, datetime]:
-        """`ctx`'s tenant's schedule-state rows: each schedule's latest handled tick (aware
-        UTC), by schedule (`<worker>:<name>`)."""
+        """`ctx`'s tenant's schedules' latest handled ticks (aware UTC), by schedule: the
+        `tick_at` of `schedule_states`."""
+        return {state.schedule: state.tick_at for state in await self.schedule_states(ctx)}
 
     @abstractmethod
     async def enqueue_tick(
@@ -123,11 +129,13 @@ class WorkManagerInterface(ABC):
         previous: datetime | None,
         tick: datetime,
         item: WorkItem | None,
+        next_tick: datetime | None = None,
     ) -> bool:
-        """Advance `schedule`'s state row from `previous` to `tick` and enqueue `item` (None:
-        the tick is skipped) in one transaction; True when this call advanced it, False when
-        another process did first (nothing written). `item` is validated and stamped as
-        `enqueue` does, and raises what it raises (docs/decisions/0034).
+        """Advance `schedule`'s state row from `previous` to `tick` (recording `next_tick`,
+        the tick after it) and enqueue `item` (None: the tick is skipped) in one
+        transaction; True when this call advanced it, False when another process did first
+        (nothing written). `item` is validated and stamped as `enqueue` does, and raises
+        what it raises (docs/decisions/0034).
         """
 
     async def publish_owed_wake_ups(self) -> None:

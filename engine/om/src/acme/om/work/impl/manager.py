@@ -42,6 +42,7 @@ from acme.om.work.rules import (
     storable_text,
 )
 from acme.om.work.storage import NewItems, WakeUps, WorkStorageInterface
+from acme.om.work.types.schedules import ScheduleState
 from acme.om.work.types.work_item import (
     WORK_PAYLOADS,
     WORK_POLICIES,
@@ -289,8 +290,8 @@ class WorkManagerImpl(OperatorCommands):
         )
         return enqueued
 
-    async def schedule_ticks(self, ctx: OpContext) -> dict[str, datetime]:
-        return await self._storage.schedule_ticks(ctx.org_id)
+    async def schedule_states(self, ctx: OpContext) -> list[ScheduleState]:
+        return await self._storage.schedule_states(ctx.org_id)
 
     async def enqueue_tick(
         self,
@@ -300,6 +301,7 @@ class WorkManagerImpl(OperatorCommands):
         previous: datetime | None,
         tick: datetime,
         item: WorkItem | None,
+        next_tick: datetime | None = None,
     ) -> bool:
         copy = (
             None
@@ -313,7 +315,7 @@ class WorkManagerImpl(OperatorCommands):
             )
         )
         advanced = await self._storage.advance_schedule(
-            ctx.org_id, schedule, previous=previous, tick=tick, item=copy
+            ctx.org_id, schedule, previous=previous, tick=tick, item=copy, next_tick=next_tick
         )
         if advanced and copy is not None:
             self._metrics.enqueued.labels(kind=copy.kind.value).inc()

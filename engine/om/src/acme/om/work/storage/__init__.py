@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from uuid import UUID
 
 from acme.om.work.types.lanes import LanePause, WorkerBeat
+from acme.om.work.types.schedules import ScheduleState
 from acme.om.work.types.work_item import (
     LaneStats,
     UnreadableRow,
@@ -536,9 +537,13 @@ class WorkStorageInterface(ABC):
         left as it was: the item itself does not change."""
 
     @abstractmethod
+    async def schedule_states(self, org_id: UUID) -> list[ScheduleState]:
+        """The tenant's schedule-state rows (`ScheduleState`), by schedule name."""
+
     async def schedule_ticks(self, org_id: UUID) -> dict[str, datetime]:
-        """The tenant's schedule-state rows: each schedule's latest handled tick (aware
-        UTC), by schedule (`<worker>:<name>`)."""
+        """Each schedule's latest handled tick (aware UTC), by schedule (`<worker>:<name>`):
+        the `tick_at` of `schedule_states`."""
+        return {state.schedule: state.tick_at for state in await self.schedule_states(org_id)}
 
     @abstractmethod
     async def advance_schedule(
@@ -549,9 +554,11 @@ class WorkStorageInterface(ABC):
         previous: datetime | None,
         tick: datetime,
         item: WorkItem | None,
+        next_tick: datetime | None = None,
     ) -> bool:
-        """Advance `schedule`'s state row from `previous` (None: no row yet) to `tick` and,
-        in the same transaction, insert `item` when given; True when this call advanced it.
+        """Advance `schedule`'s state row from `previous` (None: no row yet) to `tick`, with
+        `next_tick` as the tick after it, and, in the same transaction, insert `item` when
+        given; True when this call advanced it.
 
         One conditional statement decides (an insert that does nothing on a row already
         there, or an update on `tick_at = previous`): of any number of calls from one

@@ -293,7 +293,9 @@ class Scheduler:
             if decision.enqueue
             else None
         )
-        advanced = await self._work.enqueue_tick(ctx, name, previous=previous, tick=tick, item=item)
+        advanced = await self._work.enqueue_tick(
+            ctx, name, previous=previous, tick=tick, item=item, next_tick=schedule.next_tick(tick)
+        )
         if not advanced:
             self._known.pop(known, None)  # another process was first: read again next pass
             return 0

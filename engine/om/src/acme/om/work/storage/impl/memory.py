@@ -23,6 +23,7 @@ from acme.om.work.storage import (
     WorkStorageInterface,
 )
 from acme.om.work.types.lanes import LanePause, WorkerBeat
+from acme.om.work.types.schedules import ScheduleState
 from acme.om.work.types.work_item import (
     ItemCancelled,
     LaneStats,
@@ -74,7 +75,7 @@ class MemoryWorkStorage(WorkStorageInterface):
     Rows are copied in and out, so a caller's item never aliases a stored row. The audit
     entries dead letters owe are kept beside the rows (`_owed`: id to token and reason),
     as the SQL table keeps them in two columns the item does not carry; the schedule-state
-    rows in `_ticks`, the worker roster in `_roster`.
+    rows in `_schedules`, the worker roster in `_roster`.
     """
 
     backend: ClassVar[str] = "memory"
@@ -83,7 +84,7 @@ class MemoryWorkStorage(WorkStorageInterface):
         self._rows: dict[UUID, WorkItem] = {}
         self._owed: dict[UUID, tuple[UUID, str]] = {}
         self._pauses: dict[str, LanePause] = {}
-        self._ticks: dict[tuple[UUID, str], datetime] = {}  # the `work_schedules` rows
+        self._schedules: dict[tuple[UUID, str], ScheduleState] = {}  # `work_schedules`
         self._roster: dict[str, WorkerBeat] = {}  # the `work_workers` rows, by worker id
         self._lock = asyncio.Lock()
         self._clock = clock or utc_now
@@ -118,10 +119,13 @@ class MemoryWorkStorage(WorkStorageInterface):
         )
         return Created(item.id, True, self._copy(org_id, item.id))
 
-    async def schedule_ticks(self, org_id: UUID) -> dict[str, datetime]:
-        """See `WorkStorageInterface.schedule_ticks`."""
+    async def schedule_states(self, org_id: UUID) -> list[ScheduleState]:
+        """See `WorkStorageInterface.schedule_states`."""
         async with self._lock:
-            return {name: tick for (org, name), tick in self._ticks.items() if org == org_id}
+            return sorted(
+                (state for (org, _), state in self._schedules.items() if org == org_id),
+                key=lambda state: state.schedule,
+            )
 
     async def advance_schedule(
         self,
@@ -131,12 +135,16 @@ class MemoryWorkStorage(WorkStorageInterface):
         previous: datetime | None,
         tick: datetime,
         item: WorkItem | None,
+        next_tick: datetime | None = None,
     ) -> bool:
         """See `WorkStorageInterface.advance_schedule`: compare and set under the lock."""
         async with self._lock:
-            if self._ticks.get((org_id, schedule)) != previous:
+            held = self._schedules.get((org_id, schedule))
+            if (None if held is None else held.tick_at) != previous:
                 return False
-            self._ticks[org_id, schedule] = tick
+            self._schedules[org_id, schedule] = ScheduleState(
+                schedule=schedule, tick_at=tick, next_tick_at=next_tick
+            )
             if item is not None:
                 self._create(org_id, item)
             return True

@@ -51,6 +51,7 @@ from acme.om.work.storage.tables.work_items import (
     work_items,
 )
 from acme.om.work.storage.tables.work_schedules import work_schedules
+from acme.om.work.types.schedules import ScheduleState
 from acme.om.work.types.work_item import (
     ItemCancelled,
     UnreadableRow,
@@ -204,11 +205,16 @@ class SqlWorkStorage(SqlOperatorStatements):
             .returning(t.c.id, t.c.available_at)
         )
 
-    async def schedule_ticks(self, org_id: UUID) -> dict[str, datetime]:
-        """See `WorkStorageInterface.schedule_ticks`."""
-        query = select(s.c.schedule, s.c.tick_at).where(s.c.org_id == org_id)
+    async def schedule_states(self, org_id: UUID) -> list[ScheduleState]:
+        """See `WorkStorageInterface.schedule_states`."""
+        query = (
+            select(s.c.schedule, s.c.tick_at, s.c.next_tick_at)
+            .where(s.c.org_id == org_id)
+            .order_by(s.c.schedule)
+        )
         async with self._session(DatabaseRole.QUEUE, org_id) as conn:
-            return {row.schedule: row.tick_at for row in await conn.execute(query)}
+            rows = (await conn.execute(query)).all()
+        return [ScheduleState.model_validate(row._mapping) for row in rows]
 
     async def advance_schedule(
         self,
@@ -218,18 +224,20 @@ class SqlWorkStorage(SqlOperatorStatements):
         previous: datetime | None,
         tick: datetime,
         item: WorkItem | None,
+        next_tick: datetime | None = None,
     ) -> bool:
         """See `WorkStorageInterface.advance_schedule`: the conditional statement, then the
         item's insert (`_insert_rows`), in one session."""
+        values = {"tick_at": tick, "next_tick_at": next_tick, "updated_at": self._now()}
         if previous is None:
             advance: Insert | Update = self._insert_state().values(
-                org_id=org_id, schedule=schedule, tick_at=tick, updated_at=self._now()
+                org_id=org_id, schedule=schedule, **values
             )
         else:
             advance = (
                 update(s)
                 .where(s.c.org_id == org_id, s.c.schedule == schedule, s.c.tick_at == previous)
-                .values(tick_at=tick, updated_at=self._now())
+                .values(values)
             )
         async with self._session(DatabaseRole.QUEUE, org_id) as conn:
             if (await conn.execute(advance.returning(s.c.schedule))).first() is None:

@@ -1,5 +1,6 @@
 """The `work_schedules` table, in the `queue` database role: one row per schedule and
-tenant, the latest tick the schedule has handled (enqueued or skipped).
+tenant, the latest tick the schedule has handled (enqueued or skipped) and the tick after
+it, which the work API shows (docs/decisions/0051).
 
 A tick is enqueued in the transaction that advances its row, by a statement conditional on
 the tick the row held before (docs/decisions/0034), so any number of worker processes
@@ -23,5 +24,8 @@ work_schedules = Table(
     # `<worker>:<schedule name>`: a schedule's name is unique within its worker.
     Column("schedule", Text, primary_key=True),
     Column("tick_at", UtcDateTime, nullable=False),
+    # The tick after `tick_at` by the cron of the worker that advanced the row: the API
+    # imports no worker's schedules. NULL for a row a release before it wrote.
+    Column("next_tick_at", UtcDateTime, nullable=True),
     Column("updated_at", UtcDateTime, nullable=False),
 )

@@ -218,14 +218,10 @@ async def tenant_summary(member: ReaderDep, found: ManagersDep) -> Summary:
 
 @router.get(f"{TENANT}/schedules", response_model=Schedules)
 async def schedules(member: ReaderDep, found: ManagersDep) -> Schedules:
-    """The tenant's schedules that have ticked, each with its latest handled tick. The next
-    tick is not shown: the cron lives in the worker's code (docs/decisions/0048)."""
-    ticks = await found.work.schedule_ticks(member.ctx)
-    return Schedules(
-        schedules=[
-            ScheduleTick(schedule=name, latest_tick=at) for name, at in sorted(ticks.items())
-        ]
-    )
+    """The tenant's schedules that have ticked, each with its latest handled tick and the
+    next one, as the worker that handled it recorded (docs/decisions/0051)."""
+    states = await found.work.schedule_states(member.ctx)
+    return Schedules(schedules=[ScheduleTick.of(state) for state in states])
 
 
 @router.get(f"{TENANT}/activity", response_model=Activity)

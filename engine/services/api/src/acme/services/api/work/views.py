@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from acme.om.errors import Invalid
 from acme.om.work.types.lanes import LanePause, QueueSummary, WorkerAlive
+from acme.om.work.types.schedules import ScheduleState
 from acme.om.work.types.work_item import LaneStats, WorkItem, WorkStatus
 
 FRAME_PREFIXES = ("Traceback (most recent call last):", "  File ", "    ")
@@ -166,11 +167,17 @@ class LaneChange(BaseModel):
 
 
 class ScheduleTick(BaseModel):
-    """A schedule (`<worker>:<name>`) and the latest tick a worker handled for the tenant
-    (aware UTC). The next tick is the worker's cron, which the API does not import."""
+    """A schedule (`<worker>:<name>`), the latest tick a worker handled for the tenant and
+    the next one by that worker's cron (aware UTC; None when the row was written by a
+    release that did not record it, or the cron has no tick in 50 years)."""
 
     schedule: str
     latest_tick: datetime
+    next_tick: datetime | None
+
+    @classmethod
+    def of(cls, state: ScheduleState) -> "ScheduleTick":
+        return cls(schedule=state.schedule, latest_tick=state.tick_at, next_tick=state.next_tick_at)
 
 
 class Schedules(BaseModel):

@@ -226,6 +226,7 @@ function renderSchedules(listing) {
     row.dataset.schedule = schedule.schedule;
     cell(row, schedule.schedule);
     cell(row, schedule.latest_tick);
+    cell(row, schedule.next_tick ?? "not recorded");
     body.appendChild(row);
   }
 }
