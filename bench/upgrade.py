@@ -9,7 +9,10 @@ applies the pending queue revisions one at a time, as `make migrate` would, the 
 still running (a rolling upgrade: the schema first, the workers after).
 
 Per revision: its seconds, the longest gap between two completions (from `completed_at`)
-across its run, and the enqueues' p99 and slowest while it ran. Bound: no revision written
+across its run, and the enqueues' p99 and slowest while it ran. A revision that gives up on
+its `lock_timeout` is run again, as docs/updating.md tells an operator, after a pause of
+`RETRY_PAUSE_S`, at most `BENCH_SCALE_UPGRADE_TRIES` (5) tries in all; its tries and the
+longest transactions open when each gave up are recorded. Bound: no revision written
 under the safe-revision rule (any not in `tests/test_revision_rule.py`'s `FROZEN`) stalls
 completions or an enqueue longer than `STALL_BOUND_S` (3 s). The frozen ones are reported
 (docs/updating.md, "Revisions on a big table", gives their by-hand recipe).
@@ -50,6 +53,8 @@ RATE = _env_int("BENCH_SCALE_UPGRADE_RATE", 50)
 WORKERS = 2
 STALL_BOUND_S = 3.0
 SETTLE_S = _env_int("BENCH_SCALE_UPGRADE_SETTLE_S", 20)
+TRIES = _env_int("BENCH_SCALE_UPGRADE_TRIES", 5)
+RETRY_PAUSE_S = 5.0
 DATABASE = "acme_upgrade"
 ROOT = sc.WORK / "scale" / "upgrade"
 REVISIONS = Path("om/migrations/versions/queue")
@@ -89,6 +94,12 @@ def pending_revisions(host: Path, current: str) -> list[tuple[str, str]]:
     if not chain:
         raise SystemExit(f"bench-scale: no queue revision after {current} in {host / REVISIONS}")
     return chain
+
+
+def lock_timed_out(output: str) -> bool:
+    """Whether a failed `migrate` gave up on a lock: PostgreSQL's `lock_timeout` error
+    (SQLSTATE 55P03, "canceling statement due to lock timeout"), as asyncpg raises it."""
+    return "LockNotAvailableError" in output or "due to lock timeout" in output
 
 
 def frozen(sql_file: str) -> bool:
@@ -154,6 +165,15 @@ class Upgrade:
             cwd=host,
             env={**self.env, "ACME_MIGRATION_URL": self.migration_url},
         )
+
+    def migrate_to(self, revision: str) -> subprocess.CompletedProcess[str]:
+        """The queue role to `revision`, once; the finished process (never raises)."""
+        return subprocess.run(
+            [str(self.new / ".venv" / "bin" / "python"), "-m", "acme.om.migrate", "upgrade",
+             "--role", "queue", "--to", revision],
+            cwd=self.new, env={**self.env, "ACME_MIGRATION_URL": self.migration_url},
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
 
     def start_worker(self, tag: str) -> WorkerProcess:
         """One of the old host's `serve` processes at capacity `CAPACITY`."""
@@ -234,10 +254,10 @@ async def upgrade(scale: sc.Scale) -> dict[str, Any]:
         steps: list[dict[str, Any]] = []
         for revision, sql_file in chain:
             began = time.time()
-            await asyncio.to_thread(up.migrate, up.new, "--role", "queue", "--to", revision)
+            tries, holders = await _apply(up, conn, revision)
             steps.append({"revision": revision, "frozen": frozen(sql_file), "began": began,
-                          "ended": time.time()})  # fmt: skip
-            sc.say(f"  {revision}: {steps[-1]['ended'] - began:.1f} s")
+                          "ended": time.time(), "tries": tries, "holders": holders})  # fmt: skip
+            sc.say(f"  {revision}: {steps[-1]['ended'] - began:.1f} s, {tries} tries")
         await asyncio.to_thread(up.migrate, up.new)  # every other role, as make migrate
         await asyncio.sleep(SETTLE_S)
         stop.set()
@@ -266,6 +286,40 @@ async def upgrade(scale: sc.Scale) -> dict[str, Any]:
     }
 
 
+async def _apply(
+    up: Upgrade, conn: asyncpg.Connection, revision: str
+) -> tuple[int, list[list[dict[str, Any]]]]:
+    """Apply `revision`, again after each lock timeout up to `TRIES` tries; the tries and,
+    per timeout, the transactions open longest then (`_long_transactions`). Raises
+    `SystemExit` with the output on any other failure, or on the last try's."""
+    holders: list[list[dict[str, Any]]] = []
+    for attempt in range(1, TRIES + 1):
+        done = await asyncio.to_thread(up.migrate_to, revision)
+        if done.returncode == 0:
+            return attempt, holders
+        output = done.stdout + done.stderr
+        if not lock_timed_out(output) or attempt == TRIES:
+            sys.stderr.write(output[-6000:])
+            raise SystemExit(f"bench-scale: {revision} failed on try {attempt} of {TRIES}")
+        holders.append(await _long_transactions(conn))
+        sc.say(f"  {revision}: lock timeout on try {attempt}; open: {holders[-1]}")
+        await asyncio.sleep(RETRY_PAUSE_S)
+    raise AssertionError("unreachable")
+
+
+async def _long_transactions(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    """The five transactions open longest (other than this connection's), with their
+    application, state, age in seconds and the start of their statement."""
+    rows = await conn.fetch(
+        "SELECT pid, application_name AS app, state, wait_event_type AS waits,"
+        " round(extract(epoch FROM now() - xact_start)::numeric, 1)::float8 AS open_s,"
+        " left(query, 120) AS query FROM pg_stat_activity"
+        " WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()"
+        " ORDER BY xact_start LIMIT 5"
+    )
+    return [dict(r) for r in rows]
+
+
 async def _generate(conn: asyncpg.Connection) -> float:
     """HISTORY completed rows and DUE due items, as `scale.Scale.generate` writes them."""
     started = time.monotonic()
@@ -285,6 +339,8 @@ def _step(
         "revision": step["revision"],
         "frozen": step["frozen"],
         "seconds": round(step["ended"] - step["began"], 2),
+        "tries": step["tries"],
+        "holders": step["holders"],
         "longest_completion_gap_s": round(
             longest_gap(completions, step["began"], step["ended"]), 3
         ),
@@ -317,12 +373,12 @@ def upgrade_verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def print_upgrade(result: dict[str, Any]) -> None:
     print(
-        "\n| revision | shipped before the rule | s | longest completion gap s | enqueues |"
-        " enqueue p99 ms | slowest enqueue s |\n|---|---|---|---|---|---|---|"
+        "\n| revision | shipped before the rule | tries | s | longest completion gap s |"
+        " enqueues | enqueue p99 ms | slowest enqueue s |\n|---|---|---|---|---|---|---|---|"
     )
     for s in result["revisions"]:
         print(
-            f"| {s['revision']} | {'yes' if s['frozen'] else 'no'} | {s['seconds']} |"
+            f"| {s['revision']} | {'yes' if s['frozen'] else 'no'} | {s['tries']} | {s['seconds']} |"
             f" {s['longest_completion_gap_s']} | {s['enqueues']} | {s['enqueue_p99_ms']} |"
             f" {s['enqueue_max_s']} |"
         )

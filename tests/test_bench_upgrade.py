@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import scale_cluster  # noqa: F401  (puts scripts/ on the path upgrade imports from)
-from upgrade import frozen, longest_gap, pending_revisions  # bench/ is no package
+from upgrade import frozen, lock_timed_out, longest_gap, pending_revisions  # bench/ is no package
 
 
 def test_the_longest_gap_spans_the_last_completion_before_and_the_first_after() -> None:
@@ -35,6 +35,19 @@ def test_pending_revisions_follow_the_chain_from_the_applied_one(tmp_path: Path)
         ("1_b", "work_items_b.up.sql"),
         ("1_c", "work_items_c.up.sql"),
     ]
+
+
+def test_only_a_lock_timeout_makes_a_failed_revision_run_again() -> None:
+    timed_out = (
+        "asyncpg.exceptions.LockNotAvailableError: canceling statement due to lock timeout\n"
+        "[SQL: ALTER TABLE work_items ADD CONSTRAINT ck_work_items_status_v2 ...]"
+    )
+    assert lock_timed_out(timed_out)
+    assert lock_timed_out("ERROR:  canceling statement due to lock timeout")
+    assert not lock_timed_out(
+        "asyncpg.exceptions.QueryCanceledError: canceling statement due to statement timeout"
+    )
+    assert not lock_timed_out("sqlalchemy.exc.ProgrammingError: relation does not exist")
 
 
 def test_only_the_revisions_shipped_before_the_rule_are_frozen() -> None:
