@@ -123,6 +123,9 @@ REQUEST_STAGE = (
     "resume_lane",
     "paused_lanes",
     "queue_summary",
+    "beat_worker",
+    "drop_worker",
+    "prune_workers",
 )
 
 KINDS_HEADER = (

@@ -6,6 +6,7 @@ edit are listed in docs/host-contract.md), so these tests need no render.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import subprocess
@@ -360,6 +361,27 @@ def test_cli_applies_in_the_real_host(host: Path, capsys: pytest.CaptureFixture[
     once = snapshot(host)
     assert patcher.main([*args[:1], "update", *args[2:]]) == 0
     assert snapshot(host) == once
+
+
+def test_request_stage_lists_every_manager_method_that_takes_a_request_context() -> None:
+    """The host's `test_request_stage.py` fails on a method taking a `RequestContext` that
+    its list lacks: the patcher's list follows the engine's `WorkManagerInterface`."""
+    source = (REPO / "engine/om/src/acme/om/work/manager.py").read_text(encoding="utf-8")
+    [interface] = [
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.ClassDef) and node.name == "WorkManagerInterface"
+    ]
+    taking = {
+        method.name
+        for method in interface.body
+        if isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef)
+        and len(method.args.args) > 1
+        and method.args.args[1].annotation is not None
+        and ast.unparse(method.args.args[1].annotation) == "RequestContext"
+    }
+    assert len(taking) >= 8
+    assert set(patcher.REQUEST_STAGE) == taking
 
 
 def test_request_stage_keeps_bytes_entries_bytes() -> None:
