@@ -18,8 +18,10 @@ which one is missing, and how to start it, before it falls back to embedded.
 complete exactly once. `--two-workers` also renders `invoice-mailer` / `SEND_INVOICE` into
 the same host (it joins the namespace the first worker created) and runs both side by side:
 each must handle only its own kind. `--serve` then keeps the workers running and serves
-the host's API and the work dashboard over the demo's items at a printed URL until Ctrl-C,
-and stops everything it started.
+the host's API and the work dashboard over the demo's items at a printed URL until Ctrl-C
+(or SIGTERM, or SIGHUP: a closed terminal), and stops everything it started. A port it
+would serve on that is already taken stops it before anything is written. `DEMO_DIR`
+moves its scratch folder (`.demo/`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -299,6 +302,33 @@ async def until_claimed(backend: Backend, within: float) -> int:
     return 0
 
 
+def port_in_use(port: int) -> bool:
+    """Whether something on this machine listens on 127.0.0.1:`port` (a bind fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def refuse_ports_in_use(ports: dict[int, str]) -> None:
+    """Stop the demo, before it writes anything, when a port it would serve on is taken:
+    a process left running there would answer its health checks in its place."""
+    for port, knob in ports.items():
+        if port_in_use(port):
+            raise SystemExit(
+                f"demo: port {port} on 127.0.0.1 is in use (a demo, worker or API left "
+                f"running? stop it, or choose another with {knob})"
+            )
+
+
+def _stop_like_ctrl_c(signum: int, frame: object) -> None:
+    """SIGTERM and SIGHUP (a closed terminal) stop the demo as Ctrl-C does, so the
+    `finally` blocks stop the processes it started in their own sessions."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def start_worker(host: Path, env: dict[str, str], worker: Worker) -> None:
     """`<worker> serve` as its own process (its own session, so signals reach uv's child)."""
     out = worker.log.open("ab")
@@ -417,6 +447,8 @@ def serve_dashboard(host: Path, env: dict[str, str], port: int, log: Path) -> No
             # A terminal's Ctrl-C reaches `uv run` too, which passes it on: once is enough.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             print()
+        else:
+            raise SystemExit(f"demo: the API exited with {api.returncode} (log: {log})")
     finally:
         if api.poll() is None:
             step("stopping the API with SIGTERM")
@@ -466,12 +498,16 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    work = REPO / ".demo"
+    work = Path(os.environ.get("DEMO_DIR") or REPO / ".demo")
     answers = [FIRST, SECOND] if args.two_workers else [FIRST]
     workers = [
         Worker(name, kind, args.metrics_port + i, work / f"{name}.log")
         for i, (name, kind) in enumerate(answers)
     ]
+    ports = {worker.port: "--metrics-port or DEMO_PORT" for worker in workers}
+    refuse_ports_in_use({**ports, **({args.api_port: "DEMO_API_PORT"} if args.serve else {})})
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, _stop_like_ctrl_c)
     total = args.count * len(workers)
     backend = choose_backend(args.backend, work)
     step(f"backend: {backend.name}")
@@ -610,4 +646,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt as stopped:
+        raise SystemExit(
+            f"demo: stopped ({stopped or 'SIGINT'}); what it started is stopped"
+        ) from None
