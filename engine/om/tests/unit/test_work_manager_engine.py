@@ -46,7 +46,7 @@ from acme.om.storage.impl.memory import MemoryStorageRoot
 from acme.om.types import EMPTY_UUID
 from acme.om.work.impl.manager import WorkManagerImpl
 from acme.om.work.metrics import WorkMetrics
-from acme.om.work.rules import MAX_IDEMPOTENCY_KEY_BYTES
+from acme.om.work.rules import MAX_IDEMPOTENCY_KEY_BYTES, known_lanes
 from acme.om.work.storage.impl.memory import MemoryWorkStorage
 from acme.om.work.types.work_item import (
     WORK_PAYLOADS,
@@ -1020,7 +1020,12 @@ async def test_move_lane_moves_the_waiting_items_audited_and_refuses_a_lane_it_c
 ) -> None:
     waiting = await bench.work.enqueue(ctx, new_item(ctx, lane="default"))
     moved = await bench.work.move_lane(
-        ctx, from_lane="default", to_lane="bulk", kind=KIND.value, operator="alice"
+        ctx,
+        from_lane="default",
+        to_lane="bulk",
+        kind=KIND.value,
+        operator="alice",
+        also_known=["bulk"],
     )
     assert moved == [(waiting.id, KIND.value)]
     assert (await bench.work.get(ctx, waiting.id)).lane == "bulk"
@@ -1032,6 +1037,13 @@ async def test_move_lane_moves_the_waiting_items_audited_and_refuses_a_lane_it_c
     for from_lane, to_lane in (("default", "default"), ("default", "Bulk Lane")):
         with pytest.raises(Invalid, match=r"^(to_lane|lane): "):
             await bench.work.move_lane(ctx, from_lane=from_lane, to_lane=to_lane)
+    # a lane no worker claims on would strand the items: refused, naming the known ones
+    known = ", ".join(known_lanes())
+    with pytest.raises(
+        Invalid, match=rf"^to_lane: no worker claims on lane nowhere; the known lanes: {known}$"
+    ):
+        await bench.work.move_lane(ctx, from_lane="bulk", to_lane="nowhere")
+    assert (await bench.work.get(ctx, waiting.id)).lane == "bulk"
 
 
 async def test_discard_unknown_kind_deletes_only_a_row_no_workkind_names_audited(

@@ -374,11 +374,14 @@ class WorkManagerInterface(ABC):
         to_lane: str,
         kind: str | None = None,
         operator: str | None = None,
+        also_known: Collection[str] = (),
     ) -> list[tuple[UUID, str]]:
         """Move the tenant's waiting (`AVAILABLE`) items of `from_lane`, of `kind` when given,
         to `to_lane` in one conditional statement; `(id, kind)` of each moved. Each gets a
         `work.lane_moved` audit entry (`operator` in its detail) and `to_lane`'s workers are
-        woken. Raises `Invalid` for a lane no worker can name or `from_lane == to_lane`.
+        woken. Raises `Invalid` for a lane no worker can name, a `to_lane` no worker claims
+        on (not in `known_lanes(also_known)`, as a pause: the items would be stranded), or
+        `from_lane == to_lane`.
         """
 
     @abstractmethod

@@ -42,6 +42,17 @@ from acme.om.work.types.work_item import (
 )
 
 
+def refuse_unknown_lane(lane: str, also_known: Collection[str], *, field: str = "lane") -> None:
+    """Raise `Invalid` for a malformed `lane` (`refuse_bad_lane`) or one no worker claims on:
+    not in `known_lanes(also_known)` (the kinds module's lanes, docs/decisions/0040)."""
+    refuse_bad_lane(lane)
+    known = known_lanes(also_known)
+    if lane not in known:
+        raise Invalid(
+            f"{field}: no worker claims on lane {lane}; the known lanes: {', '.join(known)}"
+        )
+
+
 class OperatorCommands(WorkManagerInterface):
     """The sweep's and the operator's part of `WorkManagerInterface`, over the collaborators
     `WorkManagerImpl` sets."""
@@ -212,9 +223,10 @@ class OperatorCommands(WorkManagerInterface):
         to_lane: str,
         kind: str | None = None,
         operator: str | None = None,
+        also_known: Collection[str] = (),
     ) -> list[tuple[UUID, str]]:
         refuse_bad_lane(from_lane)
-        refuse_bad_lane(to_lane)
+        refuse_unknown_lane(to_lane, also_known, field="to_lane")
         if from_lane == to_lane:
             raise Invalid(f"to_lane: the items are on {from_lane} already; name another lane")
         moved = await self._storage.move_lane(
@@ -362,12 +374,7 @@ class OperatorCommands(WorkManagerInterface):
         reason: str | None = None,
         also_known: Collection[str] = (),
     ) -> LanePause:
-        refuse_bad_lane(lane)
-        known = known_lanes(also_known)
-        if lane not in known:
-            raise Invalid(
-                f"lane: no worker claims on lane {lane}; the known lanes: {', '.join(known)}"
-            )
+        refuse_unknown_lane(lane, also_known)
         actor = _refuse_no_actor(actor)
         pause, made = await self._storage.pause_lane(
             EMPTY_UUID, lane, paused_by=actor, reason=reason

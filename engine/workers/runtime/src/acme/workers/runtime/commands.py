@@ -253,6 +253,7 @@ async def _move(
             to_lane=to_lane,
             kind=kind,
             operator=_operator(settings, args),
+            also_known=[settings.lane],
         )
         for item_id, _ in done:
             print(f"moved      {item_id}\t{ctx.org_id}\t{kind}\t{args.from_lane}\t{to_lane}")
