@@ -945,9 +945,15 @@ def add_kind(root: Path, name: str, kind: str) -> int:
     path = answers_file(root, name)
     holder = kind_entries(root).get(kind)
     if holder is not None:
+        own = read_answers(answers_file(root, holder)).get("work_kind") == kind
+        remove = (
+            f"it is that worker's own kind: make remove-worker NAME={holder}"
+            if own
+            else f"make remove-kind NAME={holder} KIND={kind}"
+        )
         raise RefusedError(
             f"kind {kind} is already handled by the {holder} worker; a kind has one worker "
-            f"(remove it there first: make remove-kind NAME={holder} KIND={kind})"
+            f"(remove it there first: {remove})"
         )
     require_clean(root)
     answers = read_answers(path)

@@ -213,10 +213,20 @@ def test_a_kind_another_worker_handles_is_refused_in_one_line_before_anything_is
     assert done.stderr.strip().splitlines() == [
         (
             "workers.py: kind SEND_INVOICE is already handled by the invoice-mailer worker; a "
-            "kind has one worker (remove it there first: make remove-kind NAME=invoice-mailer "
-            "KIND=SEND_INVOICE)"
+            "kind has one worker (remove it there first: it is that worker's own kind: make "
+            "remove-worker NAME=invoice-mailer)"
         )
     ]
+    # a kind added to a worker is taken away with remove-kind
+    done = helper(host, "add-kind", B["worker_name"], KIND)
+    assert done.returncode == 0, done.stdout + done.stderr
+    commit_all(host, f"add {KIND} to invoice-mailer")
+    head = git(host, "rev-parse", "HEAD").strip()
+    done = helper(host, "add-kind", A["worker_name"], KIND)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        f"(remove it there first: make remove-kind NAME=invoice-mailer KIND={KIND})"
+    )
     with pytest.raises(UserMessageError) as refused:  # copier itself, without the helper
         copy(history, host, "v0.0.1", **{**A, "work_kind": B["work_kind"], "added_kind": True})
     assert str(refused.value) == (
