@@ -703,7 +703,7 @@ def test_an_org_that_is_no_live_tenant_is_refused_naming_the_option(
     *_, line = capsys.readouterr().err.strip().splitlines()
     assert line == (
         f"{PROBE.name}: --org {org} is no live tenant (the `tenants` command lists them; "
-        "`enqueue --create-tenant NAME` creates one); nothing written"
+        "`enqueue --create-tenant NAME` creates one); nothing read or written"
     )
 
 
@@ -1095,12 +1095,12 @@ def test_lanes_pause_list_and_resume_a_lane_of_the_workers_own_audited_in_every_
     console(PROBE, ["lanes", "resume", lane, "--operator", "bob"])
     resumed = capsys.readouterr().out
 
-    assert paused.out.startswith(f"paused    {lane}\talice\t")
+    assert paused.out.startswith(f"paused\t{lane}\talice\t")
     assert paused.out.rstrip("\n").endswith("\tupstream down")
     assert f"no worker claims on lane {lane} until" in paused.err
-    assert f"paused    {lane}\talice\t" in listed
-    assert f"paused    {lane}\talice\t" in summary
-    assert resumed.startswith(f"resumed   {lane}\talice\t")
+    assert f"paused\t{lane}\talice\t" in listed
+    assert f"paused\t{lane}\talice\t" in summary
+    assert resumed.startswith(f"resumed\t{lane}\talice\t")
 
     async def lane_entries(container: RuntimeContainer) -> list[AuditEntry]:
         ctx = await container.managers.tenancy.service_context(

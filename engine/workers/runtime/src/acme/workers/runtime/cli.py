@@ -174,7 +174,9 @@ def _parser(worker: Worker, env_prefix: str) -> argparse.ArgumentParser:
 
     commands.add_parser("tenants", help="the live tenant ids, one a line (read-only)")
 
-    items = commands.add_parser("items", help="read work items; move or discard stranded ones")
+    items = commands.add_parser(
+        "items", help="read work items; cancel one; move or discard stranded ones"
+    )
     items_actions = items.add_subparsers(dest="action", required=True)
     listing = items_actions.add_parser("list", help="newest first, per tenant, with the lane")
     listing.add_argument("--org", type=UUID, help="one tenant (default: every tenant)")

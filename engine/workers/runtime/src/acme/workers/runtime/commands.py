@@ -77,7 +77,7 @@ async def _contexts(
     except NotFound as exc:
         raise Refused(
             f"--org {org} is no live tenant (the `tenants` command lists them; `enqueue "
-            "--create-tenant NAME` creates one); nothing written"
+            "--create-tenant NAME` creates one); nothing read or written"
         ) from exc
     return [context]
 
@@ -411,9 +411,9 @@ async def _lanes(
 
 
 def _pause_line(verb: str, pause: LanePause) -> str:
-    """`<verb>  <lane>  <paused_by>  <paused_at>  <reason>`, tab-separated."""
+    """`<verb> <lane> <paused_by> <paused_at> <reason>`, tab-separated like every line."""
     when = pause.paused_at.isoformat(timespec="seconds")
-    return _line([f"{verb:<10}{pause.lane}", pause.paused_by, when, pause.reason or ""])
+    return _line([verb, pause.lane, pause.paused_by, when, pause.reason or ""])
 
 
 async def _summary(
