@@ -5,7 +5,9 @@ table"): an index is built and dropped `CONCURRENTLY` (the host's `run_sql_file`
 statements in alembic's `autocommit_block()`), after `DROP INDEX CONCURRENTLY IF EXISTS`
 of the same name (a failed concurrent build leaves an INVALID index behind); every
 statement that takes a lock runs under a `lock_timeout` of at most 3 s (a plain `SET`
-before an autocommit block: `SET LOCAL` ends with the transaction the block commits); no
+before an autocommit block: `SET LOCAL` ends with the transaction the block commits), but
+a `CONCURRENTLY` statement, which may wait longer: it blocks no reader or writer while it
+waits, and it waits for every transaction older than it (docs/decisions/0052); no
 statement rewrites the table. squawk runs over every file; the waivers that would let a
 stall through are refused, but `require-concurrent-index-creation` in a file whose plain
 index builds are on a table it creates. The revisions shipped before the rule (`FROZEN`)
@@ -218,6 +220,7 @@ def rule_breaches(name: str, sql: str) -> list[str]:
         refusals.append(f"{name}:{s.line}: {s.head}: {what}; fix: {fix}")
 
     lock_local = lock_session = False
+    long_wait: tuple[float, int] | None = None  # a lock_timeout past the bound, and its line
     in_block = False
     dropped: set[str] = set()
     validated = False
@@ -227,13 +230,13 @@ def rule_breaches(name: str, sql: str) -> list[str]:
         in_block = s.outside
         if s.match(r"RESET lock_timeout\b"):
             lock_session = False
+            long_wait = None
             continue
         if m := re.match(
             r"SET (LOCAL |SESSION )?lock_timeout\s*(?:=|TO)\s*(.+)", s.code, re.IGNORECASE
         ):
             seconds = _seconds(m.group(2))
-            if not frozen and seconds > MAX_LOCK_TIMEOUT_S:
-                refuse(s, f"lock_timeout {seconds:g} s stalls traffic too long", "at most '2s'")
+            long_wait = (seconds, s.line) if seconds > MAX_LOCK_TIMEOUT_S else None
             if (m.group(1) or "").strip().upper() == "LOCAL":
                 lock_local = seconds > 0
             else:
@@ -241,6 +244,14 @@ def rule_breaches(name: str, sql: str) -> list[str]:
             continue
         if s.match(r"(SET|RESET|SHOW|SELECT)\b"):
             continue
+        if long_wait is not None and not s.outside and not frozen:
+            refuse(
+                s,
+                f"waits for its lock up to {long_wait[0]:g} s (lock_timeout, line "
+                f"{long_wait[1]}), stalling traffic queued behind it; only a CONCURRENTLY "
+                "statement may wait longer than 3 s",
+                "SET lock_timeout = '2s' before it",
+            )
         if not (lock_local or lock_session):
             refuse(
                 s,
@@ -460,9 +471,14 @@ MUTATIONS: dict[str, tuple[Callable[[str], str], str]] = {
         lambda sql: sql.replace("\nSET lock_timeout", "\nSET LOCAL lock_timeout"),
         "which no SET LOCAL reaches",
     ),
-    "a lock_timeout past the stall bound": (
-        lambda sql: sql.replace("'2s'", "'5s'"),
-        "lock_timeout 5 s stalls traffic too long",
+    "a lock_timeout past the stall bound over a statement in the transaction": (
+        lambda sql: sql.replace(
+            "SET lock_timeout = '2s';",
+            "SET LOCAL lock_timeout = '5s';\n"
+            "ALTER TABLE work_items ADD COLUMN IF NOT EXISTS probe text;\n"
+            "SET lock_timeout = '2s';",
+        ),
+        "waits for its lock up to 5 s (lock_timeout, line 4)",
     ),
     "a volatile default": (
         lambda sql: sql.replace(
