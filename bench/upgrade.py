@@ -9,7 +9,9 @@ applies the pending queue revisions one at a time, as `make migrate` would, the 
 still running (a rolling upgrade: the schema first, the workers after).
 
 Per revision: its seconds, the longest gap between two completions (from `completed_at`)
-across its run, and the enqueues' p99 and slowest while it ran. A revision that gives up on
+across its run, and the enqueues' p99 and slowest while it ran; beside them the longest
+gap with no revision running (the settle periods), which the old workers' own statements
+leave on a table this size. A revision that gives up on
 its `lock_timeout` is run again, as docs/updating.md tells an operator, after a pause of
 `RETRY_PAUSE_S`, at most `BENCH_SCALE_UPGRADE_TRIES` (5) tries in all; its tries and the
 longest transactions open when each gave up are recorded. Bound: no revision written
@@ -250,6 +252,7 @@ async def upgrade(scale: sc.Scale) -> dict[str, Any]:
         sc.say(f"upgrade: {len(chain)} queue revisions from {current}, under traffic")
         workers = [up.start_worker(f"upgrade-old-{n}") for n in range(WORKERS)]
         enqueuer = asyncio.create_task(_enqueue(feed, stop, sent_at))
+        settle_began = time.time()
         await asyncio.sleep(SETTLE_S)
         steps: list[dict[str, Any]] = []
         for revision, sql_file in chain:
@@ -259,7 +262,9 @@ async def upgrade(scale: sc.Scale) -> dict[str, Any]:
                           "ended": time.time(), "tries": tries, "holders": holders})  # fmt: skip
             sc.say(f"  {revision}: {steps[-1]['ended'] - began:.1f} s, {tries} tries")
         await asyncio.to_thread(up.migrate, up.new)  # every other role, as make migrate
+        settled = time.time()
         await asyncio.sleep(SETTLE_S)
+        settle_ended = time.time()
         stop.set()
         await enqueuer
         alive = [w.alive() for w in workers]
@@ -282,6 +287,15 @@ async def upgrade(scale: sc.Scale) -> dict[str, Any]:
         "generate_s": round(seconds, 1),
         "enqueue_rate": RATE,
         "workers_alive_at_end": alive,
+        # The same traffic with no revision running, before the first and after the last:
+        # what the old workers' own statements leave between completions on this table.
+        "baseline_longest_completion_gap_s": round(
+            max(
+                longest_gap(completions, settle_began, steps[0]["began"]),
+                longest_gap(completions, settled, settle_ended),
+            ),
+            3,
+        ),
         "revisions": [_step(s, completions, sent_at) for s in steps],
     }
 
@@ -372,6 +386,10 @@ def upgrade_verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def print_upgrade(result: dict[str, Any]) -> None:
+    print(
+        "\nwith no revision running (the settle periods before and after): longest completion"
+        f" gap {result.get('baseline_longest_completion_gap_s')} s"
+    )
     print(
         "\n| revision | shipped before the rule | tries | s | longest completion gap s |"
         " enqueues | enqueue p99 ms | slowest enqueue s |\n|---|---|---|---|---|---|---|---|"
