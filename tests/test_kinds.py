@@ -224,8 +224,10 @@ def test_a_kind_another_worker_handles_is_refused_in_one_line_before_anything_is
     head = git(host, "rev-parse", "HEAD").strip()
     done = helper(host, "add-kind", A["worker_name"], KIND)
     assert done.returncode == 1
-    assert done.stderr.strip().splitlines()[-1].endswith(
-        f"(remove it there first: make remove-kind NAME=invoice-mailer KIND={KIND})"
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"(remove it there first: make remove-kind NAME=invoice-mailer KIND={KIND})")
     )
     with pytest.raises(UserMessageError) as refused:  # copier itself, without the helper
         copy(history, host, "v0.0.1", **{**A, "work_kind": B["work_kind"], "added_kind": True})
