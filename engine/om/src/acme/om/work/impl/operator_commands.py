@@ -439,9 +439,7 @@ class OperatorCommands(WorkManagerInterface):
         paused = await self._storage.paused_lanes(EMPTY_UUID)
         holding = await self._storage.holders(EMPTY_UUID)
         alive = [
-            WorkerAlive(
-                **row.model_dump(exclude={"expires_at"}), holding=holding.get(row.worker_id, 0)
-            )
+            WorkerAlive(**row.model_dump(), holding=holding.get(row.worker_id, 0))
             for row in await self._storage.alive_workers(EMPTY_UUID)
         ]
         return QueueSummary(

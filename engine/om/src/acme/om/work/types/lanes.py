@@ -46,18 +46,10 @@ class WorkerBeat(BaseModel):
     expires_at: datetime
 
 
-class WorkerAlive(BaseModel):
-    """A worker whose roster row has not expired, with `holding`: the items it holds under a
-    live lease (0: idle)."""
+class WorkerAlive(WorkerBeat):
+    """A worker whose roster row has not expired (`WorkerBeat`), with `holding`: the items
+    it holds under a live lease (0: idle)."""
 
-    model_config = ConfigDict(frozen=True)
-
-    worker_id: str
-    worker: str
-    lane: str
-    kinds: tuple[str, ...]
-    started_at: datetime
-    beat_at: datetime
     holding: int
 
 
