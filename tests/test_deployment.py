@@ -541,7 +541,8 @@ def test_every_setting_is_passed_or_wired_as_a_secret(
     host: Path, env: str, answers: dict[str, Any], tmp_path: Path
 ) -> None:
     """Every field of the worker's settings reaches the task under its frozen name,
-    `<PREFIX><FIELD>`: the module's defaults, the worker file's `settings` on top."""
+    `<PREFIX><FIELD>`: the module's defaults, its added kinds' `kind_settings`, the worker
+    file's `settings` on top."""
     instance = _instance(host, env, answers)
     own = _locals(_worker_module(host))
     defaults = {k: _unquote(v) for k, v in own["default_settings"].items()}
@@ -560,7 +561,7 @@ def test_every_setting_is_passed_or_wired_as_a_secret(
     assert variables["metrics_port"]["default"] == deploy.CONTAINER_METRICS_PORT
     assert "metrics_port" not in instance, "the image exposes the same port for every worker"
     assert defaults["RELEASE"] == '${substr(split("@sha256:", var.image)[1], 0, 12)}'
-    assert own["settings"] == "${merge(local.default_settings, var.settings)}"
+    assert own["settings"] == "${merge(local.default_settings, var.kind_settings, var.settings)}"
     # the prefix the module derives from the name is the one the worker reads
     prefix = _console(own["settings_prefix"].replace("var.name", f'"{answers["worker_name"]}"'),
                       tmp_path)  # fmt: skip
