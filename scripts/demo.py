@@ -303,8 +303,11 @@ async def until_claimed(backend: Backend, within: float) -> int:
 
 
 def port_in_use(port: int) -> bool:
-    """Whether something on this machine listens on 127.0.0.1:`port` (a bind fails)."""
+    """Whether something on this machine listens on 127.0.0.1:`port` (a bind fails). With
+    `SO_REUSEADDR`, as the servers bind, so a closed connection's TIME_WAIT (the last demo's
+    scrape, for a minute after it) does not count."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:

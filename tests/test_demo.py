@@ -5,6 +5,7 @@ own (a fresh-user trial left an API and a worker running after a SIGTERM, and th
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import socket
@@ -35,6 +36,25 @@ def _demo(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
 def _listening(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_port_left_in_time_wait_is_free_and_a_listened_one_is_not() -> None:
+    """The last demo's closed connections leave its ports in TIME_WAIT for a minute: a
+    back-to-back run was refused for it (a fresh-user trial) until the probe bound with
+    SO_REUSEADDR, as the servers do."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    demo = importlib.import_module("demo")
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as every server does
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert demo.port_in_use(port)
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server closes first: its side of the port in TIME_WAIT
+            client.recv(1)
+    assert not demo.port_in_use(port)
 
 
 def test_a_port_in_use_is_refused_in_one_line_before_anything_is_written(tmp_path: Path) -> None:
