@@ -1008,6 +1008,33 @@ def test_items_move_moves_the_waiting_items_of_the_old_lane_audited(
     assert dead.status is WorkStatus.FAILED  # a dead letter on another lane never moves
 
 
+def test_items_move_dry_run_refuses_what_the_move_refuses_in_the_same_line(
+    backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dry run that listed moves the real run then refuses would mislead: both refuse a
+    lane no worker claims on (the items would be stranded) and a move onto the same lane."""
+    org_id, _ = _on_the_queue(_dead_letter)
+    capsys.readouterr()
+    base = ["items", "move", "--org", str(org_id), "--operator", "bob"]
+    for lanes, expected in (
+        (
+            ["--from-lane", "default", "--to-lane", "nowhere"],
+            "Invalid: to_lane: no worker claims on lane nowhere; the known lanes: ",
+        ),
+        (["--from-lane", "default"], "Invalid: to_lane: the items are on default already"),
+    ):
+        lines = []
+        for dry in ([], ["--dry-run"]):
+            with pytest.raises(SystemExit) as refused:
+                console(PROBE, [*base, *lanes, *dry])
+            assert refused.value.code == 2
+            out, err = capsys.readouterr()
+            assert out == ""  # nothing listed
+            lines.append(err.strip().splitlines()[-1])  # after the embedded mode's note
+        assert lines[0] == lines[1], lines
+        assert expected in lines[0], lines[0]
+
+
 def test_a_write_on_a_database_server_without_an_operator_is_refused_and_changes_nothing(
     monkeypatch: pytest.MonkeyPatch, pg_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -240,6 +240,27 @@ def known_lanes(also_known: Collection[str] = ()) -> list[str]:
     return sorted(lanes | set(also_known))
 
 
+def refuse_unknown_lane(lane: str, also_known: Collection[str], *, field: str = "lane") -> None:
+    """Raise `Invalid` for a malformed `lane` (`refuse_bad_lane`) or one no worker claims on:
+    not in `known_lanes(also_known)` (the kinds module's lanes, docs/decisions/0040)."""
+    refuse_bad_lane(lane)
+    known = known_lanes(also_known)
+    if lane not in known:
+        raise Invalid(
+            f"{field}: no worker claims on lane {lane}; the known lanes: {', '.join(known)}"
+        )
+
+
+def refuse_bad_move(from_lane: str, to_lane: str, also_known: Collection[str]) -> None:
+    """Raise `Invalid` for a lane move `move_lane` refuses: a malformed `from_lane`, a
+    `to_lane` no worker claims on (`refuse_unknown_lane`: the items would be stranded), or
+    the same lane twice. The CLI's dry run asks the same before it lists anything."""
+    refuse_bad_lane(from_lane)
+    refuse_unknown_lane(to_lane, also_known, field="to_lane")
+    if from_lane == to_lane:
+        raise Invalid(f"to_lane: the items are on {from_lane} already; name another lane")
+
+
 def is_stranded(
     kind: str, lane: str, policies: Mapping[WorkKind, KindPolicy] = WORK_POLICIES
 ) -> bool:

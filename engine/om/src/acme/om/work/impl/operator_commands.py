@@ -23,10 +23,10 @@ from acme.om.work.manager import WorkManagerInterface
 from acme.om.work.metrics import WorkMetrics
 from acme.om.work.rules import (
     field_path,
-    known_lanes,
     policy_lane,
-    refuse_bad_lane,
+    refuse_bad_move,
     refuse_nul,
+    refuse_unknown_lane,
 )
 from acme.om.work.storage import CANCEL_NOTE, WorkStorageInterface
 from acme.om.work.types.lanes import LanePause, QueueSummary, WorkerAlive
@@ -40,17 +40,6 @@ from acme.om.work.types.work_item import (
     WorkRows,
     WorkStatus,
 )
-
-
-def refuse_unknown_lane(lane: str, also_known: Collection[str], *, field: str = "lane") -> None:
-    """Raise `Invalid` for a malformed `lane` (`refuse_bad_lane`) or one no worker claims on:
-    not in `known_lanes(also_known)` (the kinds module's lanes, docs/decisions/0040)."""
-    refuse_bad_lane(lane)
-    known = known_lanes(also_known)
-    if lane not in known:
-        raise Invalid(
-            f"{field}: no worker claims on lane {lane}; the known lanes: {', '.join(known)}"
-        )
 
 
 class OperatorCommands(WorkManagerInterface):
@@ -225,10 +214,7 @@ class OperatorCommands(WorkManagerInterface):
         operator: str | None = None,
         also_known: Collection[str] = (),
     ) -> list[tuple[UUID, str]]:
-        refuse_bad_lane(from_lane)
-        refuse_unknown_lane(to_lane, also_known, field="to_lane")
-        if from_lane == to_lane:
-            raise Invalid(f"to_lane: the items are on {from_lane} already; name another lane")
+        refuse_bad_move(from_lane, to_lane, also_known)
         moved = await self._storage.move_lane(
             ctx.org_id, from_lane=from_lane, to_lane=to_lane, kind=kind
         )

@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from acme.om.context import AppContext, AppType, OpContext, RequestContext
 from acme.om.errors import Conflict, Invalid, NotFound
 from acme.om.types import EMPTY_UUID
-from acme.om.work.rules import policy_lane, refuse_nul
+from acme.om.work.rules import policy_lane, refuse_bad_move, refuse_nul
 from acme.om.work.types.lanes import LanePause
 from acme.om.work.types.work_item import (
     WORK_PAYLOADS,
@@ -233,6 +233,8 @@ async def _move(
     to_lane: str | None = args.to_lane or policy_lane(kind)
     if to_lane is None:
         raise Invalid(f"to_lane: no worker declares kind {kind}; name the lane with --to-lane")
+    # the dry run refuses what the move would, before it lists anything
+    refuse_bad_move(args.from_lane, to_lane, [settings.lane])
     rctx = RequestContext.new(_app(settings))
     work = container.managers.work
     contexts = await _contexts(container, rctx, args.org)
