@@ -665,6 +665,19 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return err.strip()
 
 
+def test_a_usage_error_is_one_line_naming_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """A malformed value or a missing argument is refused like every other bad input: one
+    line on stderr, exit 2, not argparse's usage block."""
+    for argv, what in (
+        (["items", "show", str(uuid4()), "--org", "not-a-uuid"], "argument --org: invalid UUID"),
+        (["items", "show"], "the following arguments are required"),
+        (["no-such-command"], "argument command: invalid choice"),
+    ):
+        line = _refused(argv, capsys)
+        assert what in line, line
+        assert line.endswith("--help)"), line
+
+
 def test_enqueue_without_a_tenant_is_refused_on_one_line_and_creates_none(
     backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NoReturn
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
@@ -135,8 +136,16 @@ def _positive(text: str) -> int:
     return number
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2), naming `--help`, like
+    every other refusal of the command line; subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _parser(worker: Worker, env_prefix: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog=worker.name, description=f"The {worker.name} worker ({worker.kind.value} items)."
     )
     commands = parser.add_subparsers(dest="command", required=True)
