@@ -350,9 +350,12 @@ def claim_statement(kinds: int) -> Statement:
             # The tenant's rank after its id: an order only the claim index gives, so no
             # plan walks another index by `org_id` through the history.
             probe = f"ORDER BY w.org_id, {claim_rank_sql('w.available_at', 'w.priority')} LIMIT 1"
+            # From the start up, then from the lowest id up to the start: each probe bounded,
+            # so no tenant's front (the dead entries churn leaves) is read twice.
+            below = " AND w.org_id < (SELECT org_id FROM start)"
             for name, start, bound in (
                 (f"up_{n}", " AND w.org_id >= (SELECT org_id FROM start)", ""),
-                (f"wrap_{n}", "", " AND w.org_id < (SELECT org_id FROM start)"),
+                (f"wrap_{n}", below, below),
             ):
                 base = first.replace("SELECT w.org_id", "SELECT w.org_id, 1", 1)
                 scans.append(
@@ -362,7 +365,7 @@ def claim_statement(kinds: int) -> Statement:
                 )
             windows.append(
                 f"(SELECT org_id FROM up_{n} WHERE org_id IS NOT NULL UNION ALL"
-                f" SELECT org_id FROM wrap_{n} WHERE org_id < (SELECT org_id FROM start)"
+                f" SELECT org_id FROM wrap_{n} WHERE org_id IS NOT NULL"
                 f" LIMIT {window})"
             )
         found = " UNION ".join(windows)
