@@ -126,6 +126,7 @@ REQUEST_STAGE = (
     "beat_worker",
     "drop_worker",
     "prune_workers",
+    "workers_alive",
 )
 
 KINDS_HEADER = (

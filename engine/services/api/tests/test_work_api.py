@@ -245,6 +245,38 @@ async def test_an_idempotency_key_returns_the_first_item(world: World) -> None:
     assert first.json()["idempotency_key"] == "order-7"
 
 
+async def test_an_enqueue_on_a_lane_no_worker_claims_its_kind_on_is_refused(
+    world: World,
+) -> None:
+    who = world.as_(world.admin)
+    await world.managers.work.beat_worker(
+        RCTX, "host-4:2", worker="shipment-notifier", lane="bulk", kinds=[KIND], ttl_s=60.0
+    )
+    refusal = f"lane: no worker claims {KIND.value} on lane typo_lane; the lanes that do: "
+
+    one = await world.client.post(
+        enqueue_path(world.org_a), params={"lane": "typo_lane"}, json=probe(), headers=who
+    )
+    bulk = await world.client.post(
+        f"{enqueue_path(world.org_a)}/bulk",
+        params={"lane": "typo_lane"},
+        json=[probe()],
+        headers=who,
+    )
+    served = [
+        await world.client.post(
+            enqueue_path(world.org_a), params={"lane": lane}, json=probe(), headers=who
+        )
+        for lane in (LANE, "bulk")
+    ]
+
+    assert (one.status_code, one.json()["detail"]) == (422, refusal + f"bulk, {LANE}")
+    assert (bulk.status_code, bulk.json()["detail"]) == (422, refusal + f"bulk, {LANE}")
+    assert [(r.status_code, r.json()["lane"]) for r in served] == [(201, LANE), (201, "bulk")]
+    items = await world.client.get(f"/v1/orgs/{world.org_a}/work/items", headers=who)
+    assert len(items.json()["items"]) == 2
+
+
 async def test_a_bulk_enqueue_inserts_each_payload_and_the_list_pages_by_cursor(
     world: World,
 ) -> None:

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from acme.om.context import OpContext, RequestContext
 from acme.om.outbox import OutboxRow
 from acme.om.work.storage import WakeUps
-from acme.om.work.types.lanes import LanePause, QueueSummary
+from acme.om.work.types.lanes import LanePause, QueueSummary, WorkerBeat
 from acme.om.work.types.schedules import ScheduleState
 from acme.om.work.types.work_item import (
     LaneStats,
@@ -495,6 +495,11 @@ class WorkManagerInterface(ABC):
         `kinds` on `lane`) in the worker roster, alive for `ttl_s` seconds from now on the
         database clock (docs/decisions/0049); one statement, in the system scope. Raises
         `Invalid` for an empty `worker_id` or `worker`, or a `ttl_s` that is not above 0."""
+
+    @abstractmethod
+    async def workers_alive(self, rctx: RequestContext) -> list[WorkerBeat]:
+        """The worker roster's unexpired rows (`WorkerBeat`: each process's lane and kinds),
+        read in the system scope; what `queue_summary` lists without the items held."""
 
     @abstractmethod
     async def drop_worker(self, rctx: RequestContext, worker_id: str) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 
 from acme.om.errors import Invalid
+from acme.om.work.types.lanes import WorkerBeat
 from acme.om.work.types.policy import KindPolicy
 from acme.om.work.types.work_item import (
     WORK_POLICIES,
@@ -249,6 +250,24 @@ def refuse_unknown_lane(lane: str, also_known: Collection[str], *, field: str = 
         raise Invalid(
             f"{field}: no worker claims on lane {lane}; the known lanes: {', '.join(known)}"
         )
+
+
+def refuse_unclaimed_lane(kind: str, lane: str, workers: Iterable[WorkerBeat]) -> None:
+    """Raise `Invalid` when an item of `kind` put on `lane` would wait for no worker: `lane`
+    is malformed (`refuse_bad_lane`), or it is neither the lane `kind`'s policy names
+    (`policy_lane`) nor one a worker alive in `workers` (the roster, docs/decisions/0049)
+    claims `kind` on. The refusal names the lanes that would serve it (`is_stranded`, the
+    template's docs/operations.md, "Stranded items")."""
+    refuse_bad_lane(lane)
+    home = policy_lane(kind)
+    served = {worker.lane for worker in workers if kind in worker.kinds}
+    if lane == home or lane in served:
+        return
+    lanes = sorted(served | ({home} if home is not None else set()))
+    raise Invalid(
+        f"lane: no worker claims {kind} on lane {lane}; the lanes that do: "
+        + (", ".join(lanes) or "none")
+    )
 
 
 def refuse_bad_move(from_lane: str, to_lane: str, also_known: Collection[str]) -> None:

@@ -29,7 +29,7 @@ from acme.om.work.rules import (
     refuse_unknown_lane,
 )
 from acme.om.work.storage import CANCEL_NOTE, WorkStorageInterface
-from acme.om.work.types.lanes import LanePause, QueueSummary, WorkerAlive
+from acme.om.work.types.lanes import LanePause, QueueSummary, WorkerAlive, WorkerBeat
 from acme.om.work.types.work_item import (
     WORK_PAYLOADS,
     LaneStats,
@@ -460,6 +460,9 @@ class OperatorCommands(WorkManagerInterface):
             kinds=[kind.value for kind in kinds],
             ttl_s=ttl_s,
         )
+
+    async def workers_alive(self, rctx: RequestContext) -> list[WorkerBeat]:
+        return await self._storage.alive_workers(EMPTY_UUID)
 
     async def drop_worker(self, rctx: RequestContext, worker_id: str) -> bool:
         return await self._storage.drop_worker(EMPTY_UUID, worker_id)

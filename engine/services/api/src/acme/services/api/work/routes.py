@@ -20,7 +20,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 from pydantic import BaseModel
 
 from acme.om.errors import Conflict, Invalid
-from acme.om.work.rules import known_lanes
+from acme.om.work.rules import known_lanes, refuse_unclaimed_lane
 from acme.om.work.types.lanes import LanePause
 from acme.om.work.types.work_item import (
     UnreadableItem,
@@ -283,6 +283,16 @@ async def resume_lane(
     )
 
 
+async def _refuse_unclaimed_lane(
+    found: ManagersDep, member: Member, kind: WorkKind, lane: str | None
+) -> None:
+    """422 for a caller's `lane` no worker claims `kind` on (`refuse_unclaimed_lane` over
+    the roster): such an item would wait, stranded, until an operator moved it."""
+    if lane is not None:
+        workers = await found.work.workers_alive(member.ctx.request)
+        refuse_unclaimed_lane(kind.value, lane, workers)
+
+
 def _add_enqueue_routes(into: APIRouter, kind: WorkKind, model: type[BaseModel]) -> None:
     """`POST .../kinds/<KIND>/items`, `.../items/bulk` and
     `.../kinds/<KIND>/dead-letters/{item_id}/replay` into `into`, their bodies typed by
@@ -297,6 +307,7 @@ def _add_enqueue_routes(into: APIRouter, kind: WorkKind, model: type[BaseModel])
         lane: str | None = None,
         delay_s: Delay = 0.0,
     ) -> ItemView:
+        await _refuse_unclaimed_lane(found, member, kind, lane)
         item = WorkItem.new(
             org_id=member.ctx.org_id,
             kind=kind,
@@ -326,6 +337,7 @@ def _add_enqueue_routes(into: APIRouter, kind: WorkKind, model: type[BaseModel])
     ) -> Enqueued:
         if not 1 <= len(body) <= MAX_BULK:
             raise Invalid(f"payloads: send 1 to {MAX_BULK} payloads, got {len(body)}")
+        await _refuse_unclaimed_lane(found, member, kind, lane)
         ids = await found.work.enqueue_bulk(member.ctx, kind, body, delay=delay_s, lane=lane)
         await found.audit.append(
             member.ctx,
