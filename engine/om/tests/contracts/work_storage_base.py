@@ -17,7 +17,14 @@ LEASE_S = 30.0
 SHORT_LEASE_S = 0.3
 """A lease a test outlives by advancing `PAST_SHORT_S` (s)."""
 
-PAST_SHORT_S = 0.5
+PAST_SHORT_S = 0.4
+"""Past `SHORT_LEASE_S`: a wait never ends early, so a small margin is enough (s)."""
+
+LAPSED_LEASE_S = 0.05
+"""A lease a case lets pass with nothing to check while it holds (s)."""
+
+PAST_LAPSED_S = 0.15
+"""Past `LAPSED_LEASE_S` (s)."""
 
 RACE_ROUNDS = 200
 """Rounds of the raced claim (two claimers at once, exactly one wins)."""

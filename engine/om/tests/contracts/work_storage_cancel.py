@@ -11,7 +11,12 @@ from work_fixtures import KIND, make_item, outcome, token_of
 from acme.om.errors import Conflict
 from acme.om.work.storage import WorkStorageInterface
 from acme.om.work.types.work_item import ItemCancelled, WorkStatus
-from contracts.work_storage_base import LEASE_S, PAST_SHORT_S, SHORT_LEASE_S, StorageCases
+from contracts.work_storage_base import (
+    LAPSED_LEASE_S,
+    LEASE_S,
+    PAST_LAPSED_S,
+    StorageCases,
+)
 
 
 class CancelCases(StorageCases):
@@ -21,14 +26,14 @@ class CancelCases(StorageCases):
         self, storage: WorkStorageInterface, lane: str, org: UUID
     ) -> None:
         waiting = await self.enqueue(storage, make_item(org, lane))
-        later = await self.enqueue(storage, make_item(org, lane, delay=0.2))
+        later = await self.enqueue(storage, make_item(org, lane, delay=0.1))
         cancelled = await storage.cancel_item(org, waiting.id)
         assert cancelled is not None
         assert cancelled.status is WorkStatus.CANCELLED
         assert cancelled.note == "cancelled"
         assert cancelled.claim_token is None
         assert await storage.cancel_item(org, later.id) is not None
-        await self.advance(PAST_SHORT_S)
+        await self.advance(PAST_LAPSED_S)  # `later` is due
         assert await storage.claim_next(lane, [KIND], "w1", LEASE_S) == []
         assert await storage.read_item(org, waiting.id) == cancelled
 
@@ -66,9 +71,9 @@ class CancelCases(StorageCases):
     ) -> None:
         """A dead holder's cancelled item stays cancelled: its lease is gone with it."""
         await self.enqueue(storage, make_item(org, lane))
-        claimed = await self.claim_one(storage, lane, lease=SHORT_LEASE_S)
+        claimed = await self.claim_one(storage, lane, lease=LAPSED_LEASE_S)
         await storage.cancel_item(org, claimed.id)
-        await self.advance(PAST_SHORT_S)
+        await self.advance(PAST_LAPSED_S)
         assert await storage.requeue_stale(org, None, 10) == []
         stored = await storage.read_item(org, claimed.id)
         assert stored is not None

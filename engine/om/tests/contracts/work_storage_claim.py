@@ -15,7 +15,9 @@ from acme.om.work.rules import is_claimable
 from acme.om.work.storage import WorkStorageInterface
 from acme.om.work.types.work_item import WorkStatus
 from contracts.work_storage_base import (
+    LAPSED_LEASE_S,
     LEASE_S,
+    PAST_LAPSED_S,
     PAST_SHORT_S,
     RACE_ROUNDS,
     SHORT_LEASE_S,
@@ -129,8 +131,8 @@ class ClaimCases(StorageCases):
         self, storage: WorkStorageInterface, lane: str, org: UUID
     ) -> None:
         await self.enqueue(storage, make_item(org, lane))
-        claimed = await self.claim_one(storage, lane, lease=SHORT_LEASE_S)
-        await self.advance(PAST_SHORT_S)
+        claimed = await self.claim_one(storage, lane, lease=LAPSED_LEASE_S)
+        await self.advance(PAST_LAPSED_S)
         with pytest.raises(Conflict):
             await storage.write_item(org, outcome(claimed, WorkStatus.COMPLETED), token_of(claimed))
         assert await storage.read_item(org, claimed.id) == claimed
@@ -202,8 +204,8 @@ class ClaimCases(StorageCases):
         self, storage: WorkStorageInterface, lane: str, org: UUID
     ) -> None:
         await self.enqueue(storage, make_item(org, lane))
-        claimed = await self.claim_one(storage, lane, lease=SHORT_LEASE_S)
-        await self.advance(PAST_SHORT_S)
+        claimed = await self.claim_one(storage, lane, lease=LAPSED_LEASE_S)
+        await self.advance(PAST_LAPSED_S)
         assert await storage.complete_items(org, [(claimed.id, token_of(claimed))]) == set()
         assert await storage.read_item(org, claimed.id) == claimed
         assert await storage.complete_items(org, []) == set()

@@ -10,7 +10,7 @@ from work_fixtures import KIND, make_item, outcome, stored_row, token_of
 from acme.om.types import EMPTY_UUID
 from acme.om.work.storage import WorkStorageInterface
 from acme.om.work.types.work_item import WorkStatus
-from contracts.work_storage_base import LEASE_S, StorageCases
+from contracts.work_storage_base import LAPSED_LEASE_S, LEASE_S, PAST_LAPSED_S, StorageCases
 
 
 class LaneCases(StorageCases):
@@ -97,8 +97,8 @@ class LaneCases(StorageCases):
             await self.enqueue(storage, make_item(org, lane))
         worker_a, worker_b = f"a-{uuid4().hex}", f"b-{uuid4().hex}"
         await storage.claim_next(lane, [KIND], worker_a, LEASE_S, limit=2)
-        await storage.claim_next(lane, [KIND], worker_b, 0.3)
-        await self.advance(0.5)  # b's lease passes
+        await storage.claim_next(lane, [KIND], worker_b, LAPSED_LEASE_S)
+        await self.advance(PAST_LAPSED_S)
 
         everyone = await storage.holders(EMPTY_UUID)
         others = await storage.holders(uuid4())

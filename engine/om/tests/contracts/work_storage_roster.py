@@ -23,7 +23,8 @@ TTL_S = 30.0
 SHORT_TTL_S = 0.2
 """A liveness TTL a case outlives by advancing `PAST_TTL_S` (s)."""
 
-PAST_TTL_S = 0.5
+PAST_TTL_S = 0.3
+"""Past `SHORT_TTL_S`; also the prune's grace, which a row expired one wait ago is within (s)."""
 
 
 class RosterCases(StorageCases):

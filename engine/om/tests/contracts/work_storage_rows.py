@@ -13,7 +13,14 @@ from work_fixtures import KIND, make_item, outcome, stored_row, token_of
 from acme.om.errors import NotFound
 from acme.om.work.storage import Created, NewItems, OwedAudit, WorkStorageInterface
 from acme.om.work.types.work_item import UnreadableItem, WorkItem, WorkStatus
-from contracts.work_storage_base import LEASE_S, PAST_SHORT_S, SHORT_LEASE_S, StorageCases
+from contracts.work_storage_base import (
+    LAPSED_LEASE_S,
+    LEASE_S,
+    PAST_LAPSED_S,
+    PAST_SHORT_S,
+    SHORT_LEASE_S,
+    StorageCases,
+)
 
 
 class RowCases(StorageCases):
@@ -232,8 +239,8 @@ class RowCases(StorageCases):
         self, storage: WorkStorageInterface, lane: str, org: UUID
     ) -> None:
         await self.enqueue(storage, make_item(org, lane))
-        claimed = await self.claim_one(storage, lane, lease=SHORT_LEASE_S)
-        await self.advance(PAST_SHORT_S)
+        claimed = await self.claim_one(storage, lane, lease=LAPSED_LEASE_S)
+        await self.advance(PAST_LAPSED_S)
         assert await storage.requeue_stale(uuid4(), None, 10) == []
         assert await storage.read_item(org, claimed.id) == claimed
 
@@ -475,9 +482,9 @@ class RowCases(StorageCases):
     ) -> None:
         await self.enqueue(storage, make_item(org, lane, max_attempts=1))
         await self.enqueue(storage, make_item(org, lane, max_attempts=2))
-        held = await storage.claim_next(lane, [KIND], "w1", SHORT_LEASE_S, limit=2)
+        held = await storage.claim_next(lane, [KIND], "w1", LAPSED_LEASE_S, limit=2)
         last, spare = sorted(held, key=lambda i: i.max_attempts)
-        await self.advance(PAST_SHORT_S)
+        await self.advance(PAST_LAPSED_S)
         moved = await storage.requeue_stale(org, None, 10)
         assert {m.id: m.status for m in moved} == {
             last.id: WorkStatus.FAILED,

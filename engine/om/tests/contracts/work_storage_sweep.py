@@ -13,7 +13,14 @@ from acme.om.types import EMPTY_UUID
 from acme.om.work.rules import is_stale
 from acme.om.work.storage import WorkStorageInterface
 from acme.om.work.types.work_item import WorkItem, WorkStatus
-from contracts.work_storage_base import LEASE_S, PAST_SHORT_S, SHORT_LEASE_S, StorageCases
+from contracts.work_storage_base import (
+    LAPSED_LEASE_S,
+    LEASE_S,
+    PAST_LAPSED_S,
+    PAST_SHORT_S,
+    SHORT_LEASE_S,
+    StorageCases,
+)
 
 
 class SweepCases(StorageCases):
@@ -45,8 +52,8 @@ class SweepCases(StorageCases):
     ) -> None:
         """oban-bg/oban#137: a crashed item out of attempts is failed, never run again."""
         await self.enqueue(storage, make_item(org, lane, max_attempts=1))
-        await self.claim_one(storage, lane, lease=SHORT_LEASE_S)
-        await self.advance(PAST_SHORT_S)
+        await self.claim_one(storage, lane, lease=LAPSED_LEASE_S)
+        await self.advance(PAST_LAPSED_S)
         (moved,) = await storage.requeue_stale(org, None, 10)
         assert moved.status is WorkStatus.FAILED
         assert moved.last_error == "lease expired on the last attempt"
@@ -80,8 +87,8 @@ class SweepCases(StorageCases):
     ) -> None:
         for _ in range(3):
             await self.enqueue(storage, make_item(org, lane))
-        await storage.claim_next(lane, [KIND], "w1", SHORT_LEASE_S, limit=3)
-        await self.advance(PAST_SHORT_S)
+        await storage.claim_next(lane, [KIND], "w1", LAPSED_LEASE_S, limit=3)
+        await self.advance(PAST_LAPSED_S)
         assert len(await storage.requeue_stale(org, None, 2)) == 2
         assert len(await storage.requeue_stale(org, None, 2)) == 1
 
