@@ -27,6 +27,8 @@ from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
 from work_network import free_port
 
 pytestmark = pytest.mark.slow
@@ -142,6 +144,17 @@ def _click(chrome: webdriver.Chrome, selector: str) -> bool:
     return bool(found)
 
 
+def _answer(chrome: webdriver.Chrome, *, accept: bool) -> str:
+    """Answer the confirm dialog a click opened; its question."""
+    alert = WebDriverWait(chrome, 10).until(expected_conditions.alert_is_present())
+    question = alert.text
+    if accept:
+        alert.accept()
+    else:
+        alert.dismiss()
+    return question
+
+
 def _lane_state(chrome: webdriver.Chrome, lane: str) -> str | None:
     rows = chrome.find_elements(By.CSS_SELECTOR, f'#lanes tr[data-lane="{lane}"]')
     return rows[0].get_attribute("data-state") if rows else None
@@ -201,10 +214,17 @@ def test_the_dashboard_counts_enqueues_and_replays_a_dead_letter_to_completion(
             made_ids.append(made.json()["id"])
         _until(lambda: _count(browser, "AVAILABLE") == before + 3, "the count going up")
 
-        # Cancel one of them from the page: it leaves the waiting items, for good.
+        # Cancel one of them from the page: asked first, and a "no" sends nothing; a "yes"
+        # takes it out of the waiting items, for good.
         cancelled_row = f'#items tr[data-id="{made_ids[0]}"]'
         cancel = f'{cancelled_row} button[data-action="cancel"]'
         _until(lambda: _click(browser, cancel), "the cancel button")
+        assert made_ids[0] in _answer(browser, accept=False)
+        time.sleep(0.5)
+        kept = httpx.get(f"{items}/items/{made_ids[0]}", headers=user).json()
+        assert kept["status"] == "AVAILABLE"
+        _until(lambda: _click(browser, cancel), "the cancel button")
+        _answer(browser, accept=True)
         _until(
             lambda: not browser.find_elements(By.CSS_SELECTOR, cancelled_row),
             "the cancelled item leaving the page",
@@ -217,6 +237,7 @@ def test_the_dashboard_counts_enqueues_and_replays_a_dead_letter_to_completion(
         lane = cancelled["lane"]
         pause = f'#lanes tr[data-lane="{lane}"] button[data-action="pause"]'
         _until(lambda: _click(browser, pause), "the pause button")
+        assert lane in _answer(browser, accept=True)
         _until(lambda: _lane_state(browser, lane) == "paused", "the lane shown paused")
         assert browser.find_element(By.ID, "workers-section").is_displayed()
         browser.get(f"{page}&as={ids['member']}")
@@ -234,6 +255,8 @@ def test_the_dashboard_counts_enqueues_and_replays_a_dead_letter_to_completion(
             lambda: not browser.find_elements(By.CSS_SELECTOR, dead_row),
             "the dead letter leaving the page",
         )
+        none = browser.find_elements(By.CSS_SELECTOR, "#dead-letters tr.none")
+        assert [row.text for row in none] == ["No dead letters."]  # the only one replayed
         _until(lambda: _count(browser, "AVAILABLE") == before + 3, "the replayed item counted")
 
         env_worker = {**env, "SHIPMENT_NOTIFIER_METRICS_PORT": str(free_port())}

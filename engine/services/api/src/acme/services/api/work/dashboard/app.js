@@ -61,6 +61,9 @@ function preCell(row, text) {
 function renderCounts(summary) {
   const body = document.querySelector("#counts tbody");
   body.replaceChildren();
+  if (summary.lanes.length === 0) {
+    noneRow(body, "No item in play.");
+  }
   for (const group of summary.lanes) {
     const row = document.createElement("tr");
     row.dataset.lane = group.lane;
@@ -76,12 +79,16 @@ function renderCounts(summary) {
   }
 }
 
-function button(label, action) {
+// `question`: asked before an action that cannot be taken back (discard, cancel, pause).
+function button(label, action, question) {
   const b = document.createElement("button");
   b.type = "button";
   b.textContent = label;
   b.dataset.action = label.toLowerCase();
   b.addEventListener("click", async () => {
+    if (question && !window.confirm(question)) {
+      return;
+    }
     b.disabled = true;
     try {
       await action();
@@ -94,9 +101,21 @@ function button(label, action) {
   return b;
 }
 
+// A row saying the table is empty, so an empty table never reads as one still loading.
+function noneRow(body, text) {
+  const row = document.createElement("tr");
+  row.className = "none";
+  const td = cell(row, text);
+  td.colSpan = body.parentElement.querySelectorAll("thead th").length;
+  body.appendChild(row);
+}
+
 function renderDeadLetters(page) {
   const body = document.querySelector("#dead-letters tbody");
   body.replaceChildren();
+  if (page.items.length === 0) {
+    noneRow(body, "No dead letters.");
+  }
   for (const item of page.items) {
     const row = document.createElement("tr");
     row.dataset.id = item.id;
@@ -108,7 +127,11 @@ function renderDeadLetters(page) {
     const path = `${base}/dead-letters/${encodeURIComponent(item.id)}`;
     actions.appendChild(button("Replay", () => call("POST", `${path}/replay`)));
     actions.appendChild(
-      button("Discard", () => call("POST", `${path}/discard`)),
+      button(
+        "Discard",
+        () => call("POST", `${path}/discard`),
+        `Discard dead letter ${item.id}? It is never run again.`,
+      ),
     );
     body.appendChild(row);
   }
@@ -117,7 +140,11 @@ function renderDeadLetters(page) {
 function renderItems(pages) {
   const body = document.querySelector("#items tbody");
   body.replaceChildren();
-  for (const item of pages.flatMap((page) => page.items)) {
+  const items = pages.flatMap((page) => page.items);
+  if (items.length === 0) {
+    noneRow(body, "No item waiting or claimed.");
+  }
+  for (const item of items) {
     const row = document.createElement("tr");
     row.dataset.id = item.id;
     row.dataset.status = item.status;
@@ -128,7 +155,10 @@ function renderItems(pages) {
     cell(row, `${item.attempts}/${item.max_attempts}`, "number");
     const actions = cell(row, "");
     const path = `${base}/items/${encodeURIComponent(item.id)}/cancel`;
-    actions.appendChild(button("Cancel", () => call("POST", path)));
+    const question =
+      `Cancel item ${item.id}? It never runs again; a running handler is ` +
+      "stopped, and what it has already done stays done.";
+    actions.appendChild(button("Cancel", () => call("POST", path), question));
     body.appendChild(row);
   }
 }
@@ -155,6 +185,9 @@ function renderLanes(summary) {
       cell(row, "");
       body.appendChild(row);
     }
+    if (summary.paused.length === 0) {
+      noneRow(body, "No lane paused.");
+    }
     return;
   }
   for (const lane of operatorView.lanes.lanes) {
@@ -166,8 +199,11 @@ function renderLanes(summary) {
         button("Resume", () => call("POST", `${path}/resume`, {})),
       );
     } else if (lane.known) {
+      const question =
+        `Pause lane ${lane.lane}? No worker claims on it, for any tenant, ` +
+        "until it is resumed.";
       actions.appendChild(
-        button("Pause", () => call("POST", `${path}/pause`, {})),
+        button("Pause", () => call("POST", `${path}/pause`, {}), question),
       );
     }
     body.appendChild(row);
@@ -183,6 +219,12 @@ function renderWorkers() {
     return;
   }
   const overview = operatorView.overview;
+  if (
+    overview.workers_alive.length === 0 &&
+    overview.workers_holding.length === 0
+  ) {
+    noneRow(body, "No worker alive.");
+  }
   const readAt = Date.parse(overview.read_at);
   for (const alive of overview.workers_alive) {
     const row = document.createElement("tr");
@@ -221,6 +263,9 @@ function renderWorkers() {
 function renderSchedules(listing) {
   const body = document.querySelector("#schedules tbody");
   body.replaceChildren();
+  if (listing.schedules.length === 0) {
+    noneRow(body, "No schedule declared.");
+  }
   for (const schedule of listing.schedules) {
     const row = document.createElement("tr");
     row.dataset.schedule = schedule.schedule;
