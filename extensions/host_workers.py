@@ -1216,7 +1216,10 @@ def rename(root: Path, old: str, new: str) -> int:
     """
     path = answers_file(root, old)
     if not WORKER_NAME.fullmatch(new):
-        raise RefusedError(f"worker_name {new!r} must be kebab-case (e.g. shipment-notifier)")
+        raise RefusedError(
+            f"worker_name {new!r} must be kebab-case (lowercase letters and digits, starting "
+            "with a letter, words joined by '-', e.g. shipment-notifier)"
+        )
     if (root / "workers" / new).exists():
         raise RefusedError(f"workers/{new} already exists; choose another name")
     added = added_kinds(root, old)

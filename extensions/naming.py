@@ -12,6 +12,11 @@ import re
 WORKER_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 WORK_KIND = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*")
 LANE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
+WORKER_NAME_RULE = (
+    "kebab-case (lowercase letters and digits, starting with a letter, words joined by '-', "
+    "e.g. shipment-notifier)"
+)
+"""What `WORKER_NAME` accepts, as a refusal says it."""
 
 # Hard and soft keywords: a module, package or class named after a hard one cannot be
 # imported or defined, and one named after a soft one reads as the keyword. The soft list
@@ -66,19 +71,18 @@ def answer_problems(*, worker_name: str, work_kind: str, lane: str) -> list[str]
     """
     problems: list[str] = []
     if not WORKER_NAME.fullmatch(worker_name):
-        problems.append(
-            f"worker_name {worker_name!r} must be kebab-case "
-            "(lowercase letters and digits, words joined by '-', e.g. shipment-notifier)"
-        )
+        problems.append(f"worker_name {worker_name!r} must be {WORKER_NAME_RULE}")
     if not WORK_KIND.fullmatch(work_kind):
         problems.append(
             f"work_kind {work_kind!r} must be UPPER_SNAKE "
-            "(uppercase letters and digits, words joined by '_', e.g. NOTIFY_SHIPMENT)"
+            "(uppercase letters and digits, starting with a letter, words joined by '_', "
+            "e.g. NOTIFY_SHIPMENT)"
         )
     if not LANE.fullmatch(lane):
         problems.append(
             f"lane {lane!r} must be snake_case "
-            "(lowercase letters and digits, words joined by '_', e.g. default)"
+            "(lowercase letters and digits, starting with a letter, words joined by '_', "
+            "e.g. default)"
         )
     if worker_name in RESERVED_WORKER_NAMES:
         problems.append(
