@@ -1019,7 +1019,8 @@ async def test_move_lane_moves_the_waiting_items_audited_and_refuses_a_lane_it_c
     bench: WorkBench, ctx: OpContext
 ) -> None:
     waiting = await bench.work.enqueue(ctx, new_item(ctx, lane="default"))
-    moved = await bench.work.move_lane(
+    move = functools.partial(
+        bench.work.move_lane,
         ctx,
         from_lane="default",
         to_lane="bulk",
@@ -1027,6 +1028,16 @@ async def test_move_lane_moves_the_waiting_items_audited_and_refuses_a_lane_it_c
         operator="alice",
         also_known=["bulk"],
     )
+    # a lane some worker claims on, but no worker claims this kind on: stranded, refused
+    rctx = RequestContext.new(WORKER_APP)
+    await bench.work.beat_worker(rctx, "m-1", worker="m", lane="bulk", kinds=[], ttl_s=60)
+    with pytest.raises(
+        Invalid, match=rf"^to_lane: no worker claims {KIND.value} on lane bulk; the lanes that do: "
+    ):
+        await move()
+    assert (await bench.work.get(ctx, waiting.id)).lane == "default"
+    await bench.work.beat_worker(rctx, "w-1", worker="w", lane="bulk", kinds=[KIND], ttl_s=60)
+    moved = await move()
     assert moved == [(waiting.id, KIND.value)]
     assert (await bench.work.get(ctx, waiting.id)).lane == "bulk"
     (entry,) = await bench.managers.audit.list_for(ctx, "work_item", waiting.id)

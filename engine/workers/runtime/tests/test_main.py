@@ -1034,7 +1034,7 @@ def test_items_move_dry_run_refuses_what_the_move_refuses_in_the_same_line(
     for lanes, expected in (
         (
             ["--from-lane", "default", "--to-lane", "nowhere"],
-            "Invalid: to_lane: no worker claims on lane nowhere; the known lanes: ",
+            f"Invalid: to_lane: no worker claims {KIND.value} on lane nowhere; the lanes that do: ",
         ),
         (["--from-lane", "default"], "Invalid: to_lane: the items are on default already"),
     ):

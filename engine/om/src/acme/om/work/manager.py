@@ -379,8 +379,9 @@ class WorkManagerInterface(ABC):
         """Move the tenant's waiting (`AVAILABLE`) items of `from_lane`, of `kind` when given,
         to `to_lane` in one conditional statement; `(id, kind)` of each moved. Each gets a
         `work.lane_moved` audit entry (`operator` in its detail) and `to_lane`'s workers are
-        woken. Raises `Invalid` for a lane no worker can name, a `to_lane` no worker claims
-        on (not in `known_lanes(also_known)`, as a pause: the items would be stranded), or
+        woken. Raises `Invalid` for a lane no worker can name, a `to_lane` where the items
+        would be stranded (of `kind`: neither its policy's lane nor one a worker alive claims
+        it on; of every kind: not in `known_lanes(also_known)`, as a pause), or
         `from_lane == to_lane`.
         """
 

@@ -252,12 +252,14 @@ def refuse_unknown_lane(lane: str, also_known: Collection[str], *, field: str = 
         )
 
 
-def refuse_unclaimed_lane(kind: str, lane: str, workers: Iterable[WorkerBeat]) -> None:
+def refuse_unclaimed_lane(
+    kind: str, lane: str, workers: Iterable[WorkerBeat], *, field: str = "lane"
+) -> None:
     """Raise `Invalid` when an item of `kind` put on `lane` would wait for no worker: `lane`
     is malformed (`refuse_bad_lane`), or it is neither the lane `kind`'s policy names
     (`policy_lane`) nor one a worker alive in `workers` (the roster, docs/decisions/0049)
     claims `kind` on. The refusal names the lanes that would serve it (`is_stranded`, the
-    template's docs/operations.md, "Stranded items")."""
+    template's docs/operations.md, "Stranded items"); `field` is the answer it blames."""
     refuse_bad_lane(lane)
     home = policy_lane(kind)
     served = {worker.lane for worker in workers if kind in worker.kinds}
@@ -265,17 +267,29 @@ def refuse_unclaimed_lane(kind: str, lane: str, workers: Iterable[WorkerBeat]) -
         return
     lanes = sorted(served | ({home} if home is not None else set()))
     raise Invalid(
-        f"lane: no worker claims {kind} on lane {lane}; the lanes that do: "
+        f"{field}: no worker claims {kind} on lane {lane}; the lanes that do: "
         + (", ".join(lanes) or "none")
     )
 
 
-def refuse_bad_move(from_lane: str, to_lane: str, also_known: Collection[str]) -> None:
+def refuse_bad_move(
+    from_lane: str,
+    to_lane: str,
+    also_known: Collection[str],
+    *,
+    kind: str | None = None,
+    workers: Iterable[WorkerBeat] = (),
+) -> None:
     """Raise `Invalid` for a lane move `move_lane` refuses: a malformed `from_lane`, a
-    `to_lane` no worker claims on (`refuse_unknown_lane`: the items would be stranded), or
-    the same lane twice. The CLI's dry run asks the same before it lists anything."""
+    `to_lane` where the items would be stranded, or the same lane twice. Items of one `kind`
+    need a lane that kind is claimed on (`refuse_unclaimed_lane` over the roster `workers`);
+    items of every kind, a lane some worker claims on (`refuse_unknown_lane`). The CLI's dry
+    run asks the same before it lists anything."""
     refuse_bad_lane(from_lane)
-    refuse_unknown_lane(to_lane, also_known, field="to_lane")
+    if kind is None:
+        refuse_unknown_lane(to_lane, also_known, field="to_lane")
+    else:
+        refuse_unclaimed_lane(kind, to_lane, workers, field="to_lane")
     if from_lane == to_lane:
         raise Invalid(f"to_lane: the items are on {from_lane} already; name another lane")
 

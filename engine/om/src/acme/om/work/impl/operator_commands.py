@@ -214,7 +214,8 @@ class OperatorCommands(WorkManagerInterface):
         operator: str | None = None,
         also_known: Collection[str] = (),
     ) -> list[tuple[UUID, str]]:
-        refuse_bad_move(from_lane, to_lane, also_known)
+        workers = [] if kind is None else await self._storage.alive_workers(EMPTY_UUID)
+        refuse_bad_move(from_lane, to_lane, also_known, kind=kind, workers=workers)
         moved = await self._storage.move_lane(
             ctx.org_id, from_lane=from_lane, to_lane=to_lane, kind=kind
         )

@@ -233,10 +233,11 @@ async def _move(
     to_lane: str | None = args.to_lane or policy_lane(kind)
     if to_lane is None:
         raise Invalid(f"to_lane: no worker declares kind {kind}; name the lane with --to-lane")
-    # the dry run refuses what the move would, before it lists anything
-    refuse_bad_move(args.from_lane, to_lane, [settings.lane])
     rctx = RequestContext.new(_app(settings))
     work = container.managers.work
+    # the dry run refuses what the move would, before it lists anything
+    workers = await work.workers_alive(rctx)
+    refuse_bad_move(args.from_lane, to_lane, [settings.lane], kind=kind, workers=workers)
     contexts = await _contexts(container, rctx, args.org)
     moved = 0
     for ctx in contexts:
