@@ -173,7 +173,7 @@ def _reads_of_work_items(plan: dict[str, Any]) -> list[tuple[str, str | None]]:
     index = plan.get("Index Name") or ""
     reads_table = plan.get("Relation Name") == "work_items"
     if "Scan" in plan["Node Type"] and (
-        reads_table or index.startswith(("ix_work_items", "work_items_"))
+        reads_table or index.startswith(("ix_work_items", "work_items_", "pk_work_items"))
     ):
         found.append((plan["Node Type"], plan.get("Index Name")))
     for child in plan.get("Plans", []):
@@ -330,8 +330,8 @@ async def test_the_claim_reads_its_index_in_order_whatever_the_tenants_hold(
     for org in orgs:
         async with pg_funnel.session(DatabaseRole.QUEUE, org) as conn:
             await conn.execute(insert(work_items), [r for r in rows if r["org_id"] == org])
-    claim = postgres_statements.claim_statement(1)
-    values = postgres_statements.claim_values(lane, [KIND], "w1", LEASE_S, 10)
+    claim = postgres_statements.claim_statement(1, 10)
+    values = postgres_statements.claim_values(lane, [KIND], "w1", LEASE_S)
     owner = await asyncpg.connect(asyncpg_dsn(pg_owner_url))
     try:
         await owner.execute("ANALYZE work_items")
@@ -345,6 +345,17 @@ async def test_the_claim_reads_its_index_in_order_whatever_the_tenants_hold(
                 await owner.execute(f"SET LOCAL enable_bitmapscan = {setting}")
                 explained = await owner.fetchval(f"EXPLAIN (FORMAT JSON) {claim.numbered}", *values)
             plans.append(json.loads(explained)[0]["Plan"])
+        # And the generic plan a held connection reuses, planned without the values.
+        async with owner.transaction():
+            await owner.execute("SELECT set_config('app.org_id', $1, true)", str(EMPTY_UUID))
+            await owner.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            await owner.execute(f"PREPARE generic_claim AS {claim.numbered}")
+            literals = ", ".join(f"'{value}'" for value in values)
+            explained = await owner.fetchval(
+                f"EXPLAIN (FORMAT JSON) EXECUTE generic_claim({literals})"
+            )
+            await owner.execute("DEALLOCATE generic_claim")
+        plans.append(json.loads(explained)[0]["Plan"])
         for plan in plans:
             reads = _reads_of_work_items(plan)
             # A bitmap heap scan names no index: the bitmap index scans under it do.
@@ -352,6 +363,7 @@ async def test_the_claim_reads_its_index_in_order_whatever_the_tenants_hold(
             assert named == {"ix_work_items_claim_order", "pk_work_items"}, reads
             assert not [r for r in reads if r[0] == "Seq Scan"], reads
         assert _sorts_of_work_items(plans[1]) == [], plans[1]
+        assert _sorts_of_work_items(plans[2]) == [], plans[2]
     finally:
         async with owner.transaction():
             for org in orgs:
@@ -360,11 +372,64 @@ async def test_the_claim_reads_its_index_in_order_whatever_the_tenants_hold(
         await owner.close()
 
 
+async def test_the_claim_reuses_its_cached_generic_plan_which_reads_only_indexes(
+    pg_funnel: StorageFunnel, pg_owner_url: str, lane: str
+) -> None:
+    """A held connection prepares the claim once; PostgreSQL plans it afresh on every call
+    unless its cached generic plan costs no more than a custom one, and planning this
+    statement costs more than running it (docs/decisions/0053). Behind 20,000 due items of
+    one tenant the claim takes its generic plan from the sixth call on, and that plan reads
+    `work_items` only through the claim index and the primary key, so a plan made once
+    serves a table of any size."""
+    org = uuid4()
+    due_at = datetime.now(UTC) - timedelta(hours=1)
+    async with pg_funnel.session(DatabaseRole.QUEUE, org) as conn:
+        for start in range(0, 20_000, 5_000):
+            rows = [
+                stored_row(org, lane, available_at=due_at + timedelta(milliseconds=n))
+                for n in range(start, start + 5_000)
+            ]
+            await conn.execute(insert(work_items), rows)
+    claim = postgres_statements.claim_statement(1, 1)
+    values = postgres_statements.claim_values(lane, [KIND], "w1", LEASE_S)
+    owner = await asyncpg.connect(asyncpg_dsn(pg_owner_url))
+    try:
+        await owner.execute("ANALYZE work_items")
+        await owner.execute("SELECT set_config('app.org_id', $1, false)", str(EMPTY_UUID))
+        prepared = await owner.prepare(claim.numbered)
+        for _ in range(8):
+            tx = owner.transaction()
+            await tx.start()
+            try:
+                assert len(await prepared.fetch(*values)) == 1
+            finally:
+                await tx.rollback()
+        plans = await owner.fetchrow(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
+            claim.numbered,
+        )
+        assert plans is not None
+        assert tuple(plans) == (3, 5)
+        await owner.execute("SET plan_cache_mode = force_generic_plan")
+        await owner.execute(f"PREPARE generic_claim AS {claim.numbered}")
+        literals = ", ".join(f"'{value}'" for value in values)
+        explained = await owner.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE generic_claim({literals})")
+        reads = _reads_of_work_items(json.loads(explained)[0]["Plan"])
+        named = {index for kind, index in reads if kind != "Bitmap Heap Scan"}
+        assert named == {"ix_work_items_claim_order", "pk_work_items"}, reads
+        assert not [r for r in reads if r[0] == "Seq Scan"], reads
+    finally:
+        async with owner.transaction():
+            await owner.execute("SELECT set_config('app.org_id', $1, true)", str(org))
+            await owner.execute("DELETE FROM work_items WHERE org_id = $1", org)
+        await owner.close()
+
+
 async def _front_reads(owner: asyncpg.Connection, lane: str, limit: int, front: int) -> int:
     """How many of one fair claim's scans of `ix_work_items_claim_order` (`limit` slots on
     `lane`, rolled back) read at least `front` blocks: each a pass through a churned front."""
-    claim = postgres_statements.claim_statement(1)
-    values = postgres_statements.claim_values(lane, [KIND], "w1", LEASE_S, limit)
+    claim = postgres_statements.claim_statement(1, limit)
+    values = postgres_statements.claim_values(lane, [KIND], "w1", LEASE_S)
     tx = owner.transaction()
     await tx.start()
     try:
@@ -676,11 +741,11 @@ async def test_a_claim_on_a_held_connection_that_stops_answering_fails_and_is_cl
     monkeypatch.setattr(postgres, "CLAIM_TIMEOUT_GRACE_S", 0.3)
     scope_sql = held_connections._scope_sql
     monkeypatch.setattr(held_connections, "_scope_sql", lambda scope: scope_sql((scope[0], None)))
-    silent = "SELECT * FROM work_items WHERE lane = $1 AND attempts < $2 AND $3::text <> ''"
-    silent += " AND $4::float8 > 0 AND kind = $5 AND (SELECT count(*) FROM pg_sleep(3)) = 0"
-    claim = dataclasses.replace(postgres_statements.claim_statement(1), numbered=silent)
+    silent = "SELECT * FROM work_items WHERE lane = $1 AND $2::text <> ''"
+    silent += " AND $3::float8 > 0 AND kind = $4 AND (SELECT count(*) FROM pg_sleep(3)) = 0"
+    claim = dataclasses.replace(postgres_statements.claim_statement(1, 1), numbered=silent)
     # Answers after 3 s, as a connection that stopped would.
-    monkeypatch.setattr(postgres, "claim_statement", lambda kinds: claim)
+    monkeypatch.setattr(postgres, "claim_statement", lambda kinds, limit: claim)
     began = time.monotonic()
     with pytest.raises(TimeoutError):
         await storage.claim_next(lane, [KIND], "w1", 0.5)

@@ -156,8 +156,8 @@ def test_each_hot_postgresql_statement_is_one_text_in_both_bind_styles() -> None
         *postgres_statements.INSERTS.values(),
         postgres_statements.NEW,
         postgres_statements.HOLDERS,
-        postgres_statements.claim_statement(1),
-        postgres_statements.claim_statement(3),
+        postgres_statements.claim_statement(1, 1),
+        postgres_statements.claim_statement(3, 10),
         postgres_statements.COMPLETE,
         postgres_statements.UNREADABLE_DEAD_LETTER,
     ]
@@ -170,7 +170,12 @@ def test_each_hot_postgresql_statement_is_one_text_in_both_bind_styles() -> None
         clause = statement.named
         named = clause.element if isinstance(clause, TextualSelect) else clause
         assert re.sub(r"\$(\d+)\b", name_of, statement.numbered) == named.text
-    claim = postgres_statements.claim_statement(3).numbered
-    assert "kind IN ($5, $6, $7)" in claim
+    claim = postgres_statements.claim_statement(3, 10).numbered
+    assert "kind IN ($4, $5, $6)" in claim
+    # The limit is written, never bound: a bound LIMIT keeps PostgreSQL planning each call.
+    assert "LIMIT 10)" in claim
+    assert "LIMIT $" not in claim
+    with pytest.raises(ValueError, match="at least one item"):
+        postgres_statements.claim_statement(1, 0)
     for fenced in (postgres_statements.COMPLETE, postgres_statements.UNREADABLE_DEAD_LETTER):
         assert "claim_token = " in fenced.numbered  # each write fenced on its claim's token

@@ -223,8 +223,8 @@ class PostgresWorkStorage(SqlWorkStorage):
         connection is closed."""
         if self._connections is None or not kinds or limit < 1:
             return await super().claim_next(lane, kinds, worker_id, lease, limit=limit)
-        claim = claim_statement(len(kinds))
-        values = claim_values(lane, kinds, worker_id, lease, limit)
+        claim = claim_statement(len(kinds), limit)
+        values = claim_values(lane, kinds, worker_id, lease)
         try:
             async with self._connections.statements(EMPTY_UUID, timeout_s=lease) as conn:
                 if conn is None:
@@ -326,8 +326,8 @@ class PostgresWorkStorage(SqlWorkStorage):
         limit: int,
     ) -> Sequence[Mapping[Any, Any]]:
         """See `SqlWorkStorage._claim_rows`: `claim_statement`."""
-        claim = claim_statement(len(kinds))
-        params = claim.params(claim_values(lane, kinds, worker_id, lease_s, limit))
+        claim = claim_statement(len(kinds), limit)
+        params = claim.params(claim_values(lane, kinds, worker_id, lease_s))
         return [row._mapping for row in await conn.execute(claim.named, params)]
 
     async def _complete_rows(

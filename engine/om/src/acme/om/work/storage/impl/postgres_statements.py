@@ -327,9 +327,17 @@ probe per tenant, so its cost stays bounded with thousands of tenants (docs/deci
 
 
 @cache
-def claim_statement(kinds: int) -> Statement:
-    """The claim for `kinds` kinds, one parameter each, read from `ix_work_items_claim_order`
-    (docs/decisions/0037): tenants share first, priority orders within a tenant.
+def claim_statement(kinds: int, limit: int) -> Statement:
+    """The claim of at most `limit` items of `kinds` kinds, one parameter each, read from
+    `ix_work_items_claim_order` (docs/decisions/0037): tenants share first, priority orders
+    within a tenant. Raises `ValueError` for a `limit` below 1.
+
+    `limit` is written into the text, not bound: under a `LIMIT` parameter PostgreSQL's
+    cached generic plan assumes a tenth of the rows, so it planned the statement afresh on
+    every claim, which cost more than running it; with the limit written, the generic plan
+    is the custom one and is reused (a text per slot count, at most the capacity). The
+    UPDATE finds its rows by primary key (`= ANY`) whatever the planner guesses of them
+    (docs/decisions/0053).
 
     Per kind, a skip scan (one index probe per tenant) lists up to `TENANT_WINDOW` (or
     `limit`) tenants with available items from a random tenant id on; each takes up to
@@ -338,11 +346,13 @@ def claim_statement(kinds: int) -> Statement:
     items (`_turns`). The UPDATE claims those rows under a fresh token for the lease (s)
     (River's `JobGetAvailable`). A paused lane's guard is uncorrelated, checked once per
     statement (docs/decisions/0040). Parameters as `claim_values`."""
-    names = ["lane", "limit", "worker_id", "lease_s", *(f"kind_{n}" for n in range(kinds))]
+    if limit < 1:
+        raise ValueError(f"a claim takes at least one item, not {limit}")
+    names = ["lane", "worker_id", "lease_s", *(f"kind_{n}" for n in range(kinds))]
 
     def write(p: Sequence[str]) -> str:
-        lane, limit, worker_id, lease_s, *listed = p
-        window = f"greatest({TENANT_WINDOW}, {limit})"
+        lane, worker_id, lease_s, *listed = p
+        window = max(TENANT_WINDOW, limit)
         scans, windows = [], []
         for n, kind in enumerate(listed):
             first = f"SELECT w.org_id FROM work_items w WHERE {_available('w', lane, [kind])}"
@@ -388,7 +398,7 @@ def claim_statement(kinds: int) -> Statement:
             " claim_token = gen_random_uuid(), claimed_at = statement_timestamp(),"
             f" lease_expires_at = statement_timestamp() + make_interval(secs => {lease_s}),"
             f" note = NULL, updated_at = statement_timestamp(), updated_by = '{EMPTY_UUID}'"
-            f" FROM picked WHERE work_items.id = picked.id RETURNING {_COLUMNS}"
+            f" WHERE work_items.id = ANY(ARRAY(SELECT id FROM picked)) RETURNING {_COLUMNS}"
         )
 
     return statement(write, names, tuple(t.c))
@@ -408,11 +418,9 @@ def _turns(lane: str, kinds: Sequence[str], bound: str, exclude: str = "") -> st
     )
 
 
-def claim_values(
-    lane: str, kinds: Sequence[WorkKind], worker_id: str, lease_s: float, limit: int
-) -> list[Any]:
-    """`claim_statement(len(kinds))`'s parameters."""
-    return [lane, limit, worker_id, lease_s, *(kind.value for kind in kinds)]
+def claim_values(lane: str, kinds: Sequence[WorkKind], worker_id: str, lease_s: float) -> list[Any]:
+    """`claim_statement(len(kinds), limit)`'s parameters."""
+    return [lane, worker_id, lease_s, *(kind.value for kind in kinds)]
 
 
 def _complete_sql(p: Sequence[str]) -> str:
