@@ -233,6 +233,18 @@ def test_the_dashboard_counts_enqueues_and_replays_a_dead_letter_to_completion(
         cancelled = httpx.get(f"{items}/items/{made_ids[0]}", headers=user).json()
         assert cancelled["status"] == "CANCELLED"
 
+        # A cancel another admin made while the page asked: refused in one line, which
+        # stays on the page through the refreshes after it.
+        raced = f'#items tr[data-id="{made_ids[1]}"] button[data-action="cancel"]'
+        _until(lambda: _click(browser, raced), "the second cancel button")
+        first = httpx.post(f"{items}/items/{made_ids[1]}/cancel", headers=user)
+        assert first.status_code == 200, first.text
+        _answer(browser, accept=True)
+        status = browser.find_element(By.ID, "status")
+        _until(lambda: status.text.startswith("Refused (409): status: "), "the refusal shown")
+        time.sleep(5)  # two refreshes and more
+        assert status.text.startswith("Refused (409): status: "), status.text
+
         # Pause the item's lane as an operator; a member sees the pause and no button.
         lane = cancelled["lane"]
         pause = f'#lanes tr[data-lane="{lane}"] button[data-action="pause"]'
@@ -244,6 +256,10 @@ def test_the_dashboard_counts_enqueues_and_replays_a_dead_letter_to_completion(
         _until(lambda: _lane_state(browser, lane) == "paused", "the pause shown to a member")
         assert not browser.find_elements(By.CSS_SELECTOR, "#lanes button")
         assert not browser.find_element(By.ID, "workers-section").is_displayed()
+        # Nor a write a member may not make: the items and the dead letter, no buttons.
+        assert browser.find_elements(By.CSS_SELECTOR, f'#items tr[data-id="{made_ids[2]}"]')
+        assert browser.find_elements(By.CSS_SELECTOR, dead_row)
+        assert not browser.find_elements(By.CSS_SELECTOR, "#items button, #dead-letters button")
         browser.get(f"{page}&as={ids['admin']}")
         resume = f'#lanes tr[data-lane="{lane}"] button[data-action="resume"]'
         _until(lambda: _click(browser, resume), "the resume button")
@@ -257,7 +273,7 @@ def test_the_dashboard_counts_enqueues_and_replays_a_dead_letter_to_completion(
         )
         none = browser.find_elements(By.CSS_SELECTOR, "#dead-letters tr.none")
         assert [row.text for row in none] == ["No dead letters."]  # the only one replayed
-        _until(lambda: _count(browser, "AVAILABLE") == before + 3, "the replayed item counted")
+        _until(lambda: _count(browser, "AVAILABLE") == before + 2, "the replayed item counted")
 
         env_worker = {**env, "SHIPMENT_NOTIFIER_METRICS_PORT": str(free_port())}
         worker = _start(host, env_worker, tmp_path / "worker.log", "shipment-notifier", "serve")

@@ -251,6 +251,29 @@ async def test_a_duplicate_idempotency_key_returns_the_first_row(
     assert second == first
 
 
+async def test_an_idempotency_key_an_item_of_another_kind_holds_is_a_conflict(
+    bench: WorkBench, ctx: OpContext
+) -> None:
+    """A key is the tenant's whatever the kind: answering an enqueue of another kind with
+    the key's item would drop the new item unseen, so it is refused, naming both kinds."""
+    first = await bench.work.enqueue(ctx, new_item(ctx, idempotency_key="order-42"))
+    other = next(kind for kind in WorkKind if kind is not KIND)
+    # A payload every kind's model takes (the template's default payload).
+    again = new_item(
+        ctx, idempotency_key="order-42", kind=other, payload={"record_id": str(uuid4())}
+    )
+    refusal = (
+        rf"^idempotency_key: 'order-42' is item {first.id} of kind {KIND.value}, "
+        rf"not {other.value}: give each kind keys of its own$"
+    )
+    with pytest.raises(Conflict, match=refusal):
+        await bench.work.enqueue(ctx, again)
+    fresh = again.model_copy(update={"id": uuid4(), "idempotency_key": "order-43"})
+    with pytest.raises(Conflict, match=r"; the others were enqueued$"):
+        await bench.work.enqueue_many(ctx, [fresh, again])
+    assert {i.id for i in await bench.work.list_items(ctx)} == {first.id, fresh.id}
+
+
 async def test_enqueue_refuses_a_payload_naming_the_field_and_writes_nothing(
     bench: WorkBench, ctx: OpContext
 ) -> None:

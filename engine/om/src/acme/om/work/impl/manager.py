@@ -270,10 +270,21 @@ class WorkManagerImpl(OperatorCommands):
 
     async def _insert(self, org_id: UUID, items: Sequence[WorkItem]) -> list[WorkItem]:
         """Insert-or-report (the storage returns each row as stored), count, and publish
-        the wake-ups (`WakeUpPublisher.owe`)."""
+        the wake-ups (`WakeUpPublisher.owe`). Raises `Conflict` for an id another tenant
+        holds, or an idempotency key an item of another kind holds (a key is the tenant's,
+        whatever the kind: answering with the other kind's item would drop this one)."""
         if not items:
             return []
         results = await self._storage.create_items(org_id, items)
+        for item, result in zip(items, results, strict=True):
+            held = result.row
+            if not result.created and held is not None and held.kind is not item.kind:
+                others = "; the others were enqueued" if len(items) > 1 else ""
+                raise Conflict(
+                    f"idempotency_key: {item.idempotency_key!r:.80} is item {held.id} of kind "
+                    f"{held.kind.value}, not {item.kind.value}: give each kind keys of its "
+                    f"own{others}"
+                )
         created: dict[str, int] = {}  # counted per kind, not per item: a batch is one call
         for item, result in zip(items, results, strict=True):
             if result.created:

@@ -213,6 +213,7 @@ async def tenant_summary(member: ReaderDep, found: ManagersDep) -> Summary:
     return Summary(
         lanes=await found.work.lane_stats(member.ctx),
         paused=[PausedLane.of(pause) for pause in paused],
+        can_write=member.is_admin,
     )
 
 
@@ -262,25 +263,23 @@ async def lanes(ctx: OperatorDep, found: ManagersDep) -> Lanes:
 
 @router.post("/v1/work/lanes/{lane}/pause", response_model=LanePause)
 async def pause_lane(
-    lane: str, body: LaneChange, ctx: OperatorDep, found: ManagersDep
+    lane: str, ctx: OperatorDep, found: ManagersDep, body: LaneChange | None = None
 ) -> LanePause:
     """Pause `lane` for every tenant (docs/decisions/0040); the operator's user id is the
-    pause's `paused_by`. 422 for a lane the kinds module does not name (naming those it
-    does), 409 when it is paused already."""
-    return await found.work.pause_lane(
-        ctx.request, lane, actor=str(ctx.user_id), reason=body.reason
-    )
+    pause's `paused_by`; the body (its reason) may be left out. 422 for a lane the kinds
+    module does not name (naming those it does), 409 when it is paused already."""
+    reason = None if body is None else body.reason
+    return await found.work.pause_lane(ctx.request, lane, actor=str(ctx.user_id), reason=reason)
 
 
 @router.post("/v1/work/lanes/{lane}/resume", response_model=LanePause)
 async def resume_lane(
-    lane: str, body: LaneChange, ctx: OperatorDep, found: ManagersDep
+    lane: str, ctx: OperatorDep, found: ManagersDep, body: LaneChange | None = None
 ) -> LanePause:
-    """Resume the paused `lane`; the pause lifted. 409 when it is not paused (naming the
-    paused lanes)."""
-    return await found.work.resume_lane(
-        ctx.request, lane, actor=str(ctx.user_id), reason=body.reason
-    )
+    """Resume the paused `lane`; the pause lifted; the body may be left out. 409 when it is
+    not paused (naming the paused lanes)."""
+    reason = None if body is None else body.reason
+    return await found.work.resume_lane(ctx.request, lane, actor=str(ctx.user_id), reason=reason)
 
 
 async def _refuse_unclaimed_lane(
@@ -357,8 +356,8 @@ def _add_enqueue_routes(into: APIRouter, kind: WorkKind, model: type[BaseModel])
             stored_kind = exc.row.kind
         if stored_kind != kind.value:
             raise Invalid(
-                f"kind: item {item_id} is of kind {stored_kind}; replay it at "
-                f"{TENANT}/kinds/{stored_kind}/dead-letters/{item_id}/replay"
+                f"kind: item {item_id} is of kind {stored_kind}; replay it at /v1/orgs/"
+                f"{member.ctx.org_id}/work/kinds/{stored_kind}/dead-letters/{item_id}/replay"
             )
         payload = body.model_dump(mode="json", warnings=False)
         item = await found.work.replay(member.ctx, item_id, payload=payload)

@@ -106,11 +106,14 @@ class PausedLane(BaseModel):
 
 
 class Summary(BaseModel):
-    """Counts per lane, kind and status of the rows in play (`LaneStats`), and the paused
-    lanes: no worker claims their items, the tenant's included, until they are resumed."""
+    """Counts per lane, kind and status of the rows in play (`LaneStats`), the paused
+    lanes (no worker claims their items, the tenant's included, until they are resumed),
+    and whether the caller may enqueue, cancel, replay and discard (`can_write`: the admin
+    role), so a page offers only what the caller may do."""
 
     lanes: list[LaneStats]
     paused: list[PausedLane]
+    can_write: bool
 
 
 class WorkerHolding(BaseModel):

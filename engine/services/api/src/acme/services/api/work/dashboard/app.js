@@ -15,6 +15,11 @@ const OPERATOR_REFRESH_MS = 15000;
 let operator = null;
 let operatorView = null;
 let operatorReadAt = 0;
+// From the tenant's summary: whether this user may cancel, replay and discard (admin).
+let canWrite = false;
+// An action's refusal stays this long before a refresh's "Updated" replaces it.
+const ERROR_HOLD_MS = 15000;
+let errorShownAt = 0;
 
 function headers(extra) {
   const all = { Accept: "application/json", ...extra };
@@ -34,10 +39,24 @@ async function call(method, path, body) {
   }
   const response = await fetch(path, init);
   if (!response.ok) {
-    const text = await response.text();
-    throw new Error(`${method} ${path}: ${response.status} ${text}`);
+    throw new Error(await refusal(response));
   }
   return response.json();
+}
+
+// One line for a refused call: the status and the API's `detail` when it is a sentence.
+async function refusal(response) {
+  const text = await response.text();
+  let detail = text;
+  try {
+    const body = JSON.parse(text);
+    if (typeof body.detail === "string") {
+      detail = body.detail;
+    }
+  } catch {
+    // not JSON: the text as it came
+  }
+  return `Refused (${response.status}): ${detail}`;
 }
 
 function cell(row, text, className) {
@@ -116,6 +135,12 @@ function renderDeadLetters(page) {
   if (page.items.length === 0) {
     noneRow(body, "No dead letters.");
   }
+  if (page.next_cursor) {
+    noneRow(
+      body,
+      "The newest 20 shown: the API's dead-letters list pages on (next_cursor).",
+    );
+  }
   for (const item of page.items) {
     const row = document.createElement("tr");
     row.dataset.id = item.id;
@@ -124,6 +149,10 @@ function renderDeadLetters(page) {
     preCell(row, JSON.stringify(item.payload, null, 1));
     preCell(row, item.last_error || "");
     const actions = cell(row, "");
+    body.appendChild(row);
+    if (!canWrite) {
+      continue;
+    }
     const path = `${base}/dead-letters/${encodeURIComponent(item.id)}`;
     actions.appendChild(button("Replay", () => call("POST", `${path}/replay`)));
     actions.appendChild(
@@ -133,7 +162,6 @@ function renderDeadLetters(page) {
         `Discard dead letter ${item.id}? It is never run again.`,
       ),
     );
-    body.appendChild(row);
   }
 }
 
@@ -143,6 +171,13 @@ function renderItems(pages) {
   const items = pages.flatMap((page) => page.items);
   if (items.length === 0) {
     noneRow(body, "No item waiting or claimed.");
+  }
+  if (pages.some((page) => page.next_cursor)) {
+    // The counts above are whole; this table is each status's newest 20.
+    noneRow(
+      body,
+      "The newest 20 of each status shown: the API's items list pages on (next_cursor).",
+    );
   }
   for (const item of items) {
     const row = document.createElement("tr");
@@ -154,12 +189,15 @@ function renderItems(pages) {
     cell(row, item.status);
     cell(row, `${item.attempts}/${item.max_attempts}`, "number");
     const actions = cell(row, "");
+    body.appendChild(row);
+    if (!canWrite) {
+      continue;
+    }
     const path = `${base}/items/${encodeURIComponent(item.id)}/cancel`;
     const question =
       `Cancel item ${item.id}? It never runs again; a running handler is ` +
       "stopped, and what it has already done stays done.";
     actions.appendChild(button("Cancel", () => call("POST", path), question));
-    body.appendChild(row);
   }
 }
 
@@ -290,8 +328,7 @@ async function readOperatorView(force) {
     return;
   }
   if (!response.ok) {
-    const text = await response.text();
-    throw new Error(`GET /v1/work/lanes: ${response.status} ${text}`);
+    throw new Error(await refusal(response));
   }
   const lanes = await response.json();
   const overview = await call("GET", "/v1/work/summary");
@@ -334,6 +371,7 @@ function showError(error) {
   const status = document.getElementById("status");
   status.textContent = error.message;
   status.className = "error";
+  errorShownAt = Date.now();
 }
 
 async function refresh(force) {
@@ -352,6 +390,7 @@ async function refresh(force) {
         call("GET", `${base}/schedules`),
         readOperatorView(force === true),
       ]);
+    canWrite = summary.can_write;
     renderCounts(summary);
     renderDeadLetters(dead);
     renderItems([claimed, available]);
@@ -359,9 +398,11 @@ async function refresh(force) {
     renderWorkers();
     renderSchedules(schedules);
     renderActivity(activity);
-    const status = document.getElementById("status");
-    status.textContent = `Updated ${new Date().toLocaleTimeString()}`;
-    status.className = "";
+    if (Date.now() - errorShownAt > ERROR_HOLD_MS) {
+      const status = document.getElementById("status");
+      status.textContent = `Updated ${new Date().toLocaleTimeString()}`;
+      status.className = "";
+    }
   } catch (error) {
     showError(error);
   }
