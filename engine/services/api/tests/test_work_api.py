@@ -1,6 +1,7 @@
 """The work routes in the host's API, over the memory container: who may do what, what is
 audited, what a page of another origin or a payload's text can do (docs/security.md)."""
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ from acme.om.work.rules import known_lanes
 from acme.om.work.types.work_item import WorkKind, WorkStatus
 from acme.services.api.container import ServiceContainer
 from acme.services.api.main import create_app
+from acme.services.api.work.guard import MAX_BODY_BYTES, TOO_LARGE
 from acme.services.api.work.routes import enqueue_router
 
 RCTX = RequestContext.new(AppContext(type=AppType.SERVICE, version="work-api-tests@0"))
@@ -152,6 +154,37 @@ async def test_a_member_of_one_tenant_gets_404_for_everything_of_another(world: 
     assert answers == [404] * len(answers)
     response = await world.client.get(reads(world.org_b, item)[0], headers=who)
     assert response.json()["detail"] == f"org_id: no live org {world.org_b}"
+
+
+async def test_a_write_to_an_unknown_kind_names_the_kinds_to_a_member_alone(
+    world: World,
+) -> None:
+    who = world.as_(world.admin)
+
+    own = await world.client.post(
+        f"/v1/orgs/{world.org_a}/work/kinds/NOPE/items", json=probe(), headers=who
+    )
+    foreign = await world.client.post(
+        f"/v1/orgs/{world.org_b}/work/kinds/NOPE/items/bulk", json=[probe()], headers=who
+    )
+
+    assert own.status_code == 404
+    assert own.json()["detail"].startswith("kind: 'NOPE' names no work kind; the kinds: ")
+    assert KIND.value in own.json()["detail"]
+    assert (foreign.status_code, foreign.json()["detail"]) == (
+        404,
+        f"org_id: no live org {world.org_b}",
+    )
+
+
+async def test_a_delay_that_is_no_finite_number_is_refused_as_such(world: World) -> None:
+    who = world.as_(world.admin)
+    for delay in ("nan", "inf"):
+        refused = await world.client.post(
+            f"{enqueue_path(world.org_a)}?delay_s={delay}", json=probe(), headers=who
+        )
+        assert refused.status_code == 422
+        assert refused.json()["detail"][0]["msg"] == "Input should be a finite number"
 
 
 async def test_a_member_without_the_admin_role_gets_403_on_each_mutation(world: World) -> None:
@@ -338,6 +371,34 @@ async def test_a_cross_origin_post_is_refused_and_a_same_origin_one_passes(
     own = await world.client.post(path, json=probe(), headers=who | {"Origin": "http://api"})
 
     assert (foreign.status_code, fetched.status_code, own.status_code) == (403, 403, 201)
+    ctx = await world.ctx(world.admin)
+    assert len(await world.managers.work.list_items(ctx)) == 1
+
+
+async def test_a_body_past_the_limit_is_refused_with_413_declared_or_streamed(
+    world: World,
+) -> None:
+    """A work route never parses a body past `MAX_BODY_BYTES` (a 422 would echo it back):
+    413 in one line whether its `Content-Length` says so or it comes in chunks."""
+    who = world.as_(world.admin)
+    path = enqueue_path(world.org_a)
+    big = probe(note="x" * MAX_BODY_BYTES)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        text = json.dumps(big).encode()
+        for start in range(0, len(text), 65536):
+            yield text[start : start + 65536]
+
+    declared = await world.client.post(path, json=big, headers=who)
+    streamed = await world.client.post(
+        path, content=chunks(), headers=who | {"Content-Type": "application/json"}
+    )
+    fits = await world.client.post(path, json=probe(note="x" * 1000), headers=who)
+
+    assert (declared.status_code, declared.text) == (413, TOO_LARGE)
+    assert "content-length" not in streamed.request.headers
+    assert (streamed.status_code, streamed.text) == (413, TOO_LARGE)
+    assert fits.status_code == 201, fits.text
     ctx = await world.ctx(world.admin)
     assert len(await world.managers.work.list_items(ctx)) == 1
 

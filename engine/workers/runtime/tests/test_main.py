@@ -1005,6 +1005,8 @@ def test_items_move_moves_the_waiting_items_of_the_old_lane_audited(
 
     waiting = _on_the_queue(enqueue)
     capsys.readouterr()
+    console(PROBE, ["summary"])
+    assert f"stranded\t{old_lane}\t{KIND.value}\t1\n" in capsys.readouterr().out
     move = ["items", "move", "--from-lane", old_lane, "--org", str(org_id), "--operator", "bob"]
     console(PROBE, [*move, "--dry-run"])
     out, err = capsys.readouterr()

@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from acme.om.context import AppContext, AppType, OpContext, RequestContext
 from acme.om.errors import Conflict, Invalid, NotFound
 from acme.om.types import EMPTY_UUID
-from acme.om.work.rules import policy_lane, refuse_bad_move, refuse_nul
+from acme.om.work.rules import policy_lane, refuse_bad_move, refuse_nul, stranded
 from acme.om.work.types.lanes import LanePause
 from acme.om.work.types.work_item import (
     WORK_PAYLOADS,
@@ -422,9 +422,11 @@ def _pause_line(verb: str, pause: LanePause) -> str:
 async def _summary(
     container: RuntimeContainer, settings: RuntimeSettings, args: argparse.Namespace
 ) -> None:
-    """`summary`: the queue at a glance, as lines (`count`, `paused`, `alive`, `holding`) or
-    JSON. An `alive` line is a worker in the roster (docs/decisions/0049): its id, name,
-    lane, kinds (comma-separated), last beat and the items it holds (0: idle)."""
+    """`summary`: the queue at a glance, as lines (`count`, `stranded`, `paused`, `alive`,
+    `holding`) or JSON. A `stranded` line is waiting items no worker claims (`stranded`:
+    of a kind no worker declares, or off its kind's lane). An `alive` line is a worker in
+    the roster (docs/decisions/0049): its id, name, lane, kinds (comma-separated), last
+    beat and the items it holds (0: idle)."""
     summary = await container.managers.work.queue_summary(RequestContext.new(_app(settings)))
     if args.json:
         print(summary.model_dump_json(indent=2))
@@ -443,6 +445,8 @@ async def _summary(
                 ]
             )
         )
+    for (kind, lane), count in stranded(summary.groups).items():
+        print(_line(["stranded", lane, kind, str(count)]))
     for pause in summary.paused:
         print(_pause_line("paused", pause))
     for alive in summary.workers_alive:

@@ -19,10 +19,11 @@ from uuid import UUID, uuid4
 from fastapi import APIRouter, Header, Query, Response, status
 from pydantic import BaseModel
 
-from acme.om.errors import Conflict, Invalid
+from acme.om.errors import Conflict, Invalid, NotFound
 from acme.om.work.rules import known_lanes, refuse_unclaimed_lane
 from acme.om.work.types.lanes import LanePause
 from acme.om.work.types.work_item import (
+    WORK_PAYLOADS,
     UnreadableItem,
     WorkItem,
     WorkKind,
@@ -66,7 +67,10 @@ router = APIRouter(tags=["work"])
 """Every work route but the enqueue routes (`enqueue_router`)."""
 
 Limit = Annotated[int, Query(ge=1, le=200)]
-Delay = Annotated[float, Query(ge=0, le=31_536_000, description="seconds before it is due")]
+Delay = Annotated[
+    float,
+    Query(ge=0, le=31_536_000, allow_inf_nan=False, description="seconds before it is due"),
+]
 
 
 def _kind(value: str | None) -> WorkKind | None:
@@ -237,6 +241,19 @@ async def activity(member: ReaderDep, found: ManagersDep) -> Activity:
             OutcomeSlice(ago_s=window_s - i * size, completed=done, dead_lettered=dead)
             for i, (done, dead) in enumerate(counts)
         ],
+    )
+
+
+async def unknown_kind(kind: str, member: ReaderDep) -> None:
+    """404 naming the kinds, for a member's write to a kind no route serves: each kind of
+    `WORK_PAYLOADS` has its own routes, mounted before these (`mount_work`)."""
+    kinds = ", ".join(known.value for known in WORK_PAYLOADS) or "none"
+    raise NotFound(f"kind: {kind!r:.80} names no work kind; the kinds: {kinds}")
+
+
+for _suffix in ("/items", "/items/bulk", "/dead-letters/{item_id}/replay"):
+    router.add_api_route(
+        TENANT + "/kinds/{kind}" + _suffix, unknown_kind, methods=["POST"], include_in_schema=False
     )
 
 
