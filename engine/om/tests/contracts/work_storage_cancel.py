@@ -53,7 +53,7 @@ class CancelCases(StorageCases):
             await storage.write_item(org, claimed, token_of(claimed), lease_for=LEASE_S)
         with pytest.raises(ItemCancelled):
             await storage.write_item(org, outcome(claimed, WorkStatus.COMPLETED), token_of(claimed))
-        assert await storage.complete_items(org, [(claimed.id, token_of(claimed))]) == set()
+        assert await storage.complete_items([(org, claimed.id, token_of(claimed))]) == set()
         assert await storage.read_item(org, claimed.id) == cancelled
 
     async def test_a_write_under_another_token_of_a_cancelled_item_is_a_plain_conflict(

@@ -178,12 +178,11 @@ class ClaimCases(StorageCases):
         unclaimed = await storage.read_item(org, fourth.id)
 
         done = await storage.complete_items(
-            org,
             [
-                (first.id, token_of(first)),
-                (second.id, token_of(second)),  # the earlier token
-                (third.id, token_of(third)),
-                (fourth.id, token_of(fourth)),  # handed back: no longer claimed
+                (org, first.id, token_of(first)),
+                (org, second.id, token_of(second)),  # the earlier token
+                (org, third.id, token_of(third)),
+                (org, fourth.id, token_of(fourth)),  # handed back: no longer claimed
             ],
         )
 
@@ -206,9 +205,28 @@ class ClaimCases(StorageCases):
         await self.enqueue(storage, make_item(org, lane))
         claimed = await self.claim_one(storage, lane, lease=LAPSED_LEASE_S)
         await self.advance(PAST_LAPSED_S)
-        assert await storage.complete_items(org, [(claimed.id, token_of(claimed))]) == set()
+        assert await storage.complete_items([(org, claimed.id, token_of(claimed))]) == set()
         assert await storage.read_item(org, claimed.id) == claimed
-        assert await storage.complete_items(org, []) == set()
+        assert await storage.complete_items([]) == set()
+
+    async def test_complete_items_completes_the_rows_of_several_tenants_at_once(
+        self, storage: WorkStorageInterface, lane: str, org: UUID
+    ) -> None:
+        """One call completes the held rows of every tenant it names (one statement on
+        PostgreSQL and SQLite: docs/decisions/0054), each under its own tenant and token."""
+        other = uuid4()
+        await self.enqueue(storage, make_item(org, lane))
+        await self.enqueue(storage, make_item(other, lane))
+        held = await storage.claim_next(lane, [KIND], "w1", LEASE_S, limit=2)
+        assert {item.org_id for item in held} == {org, other}
+
+        done = await storage.complete_items([(i.org_id, i.id, token_of(i)) for i in held])
+
+        assert done == {item.id for item in held}
+        for item in held:
+            row = await storage.read_item(item.org_id, item.id)
+            assert row is not None
+            assert row.status is WorkStatus.COMPLETED
 
     async def test_a_handed_back_item_is_due_after_its_delay(
         self, storage: WorkStorageInterface, lane: str, org: UUID

@@ -177,7 +177,8 @@ class RowCases(StorageCases):
     ) -> None:
         await self.enqueue(storage, make_item(org, lane))
         claimed = await self.claim_one(storage, lane)
-        assert await storage.complete_items(uuid4(), [(claimed.id, token_of(claimed))]) == set()
+        intruder = uuid4()
+        assert await storage.complete_items([(intruder, claimed.id, token_of(claimed))]) == set()
         assert await storage.read_item(org, claimed.id) == claimed
 
     async def test_read_item_of_another_tenant_finds_nothing(

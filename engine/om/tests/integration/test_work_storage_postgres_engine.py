@@ -579,16 +579,16 @@ async def test_a_held_connection_the_server_dropped_hands_its_call_to_a_funnel_s
         (second,) = [c for c in created if c.id != first.id]
         assert [item.id for item in claimed] == [second.id]
         assert _held_backend_pids(storage) == []
-        held = [(item.id, item.claim_token) for item in claimed if item.claim_token is not None]
-        assert await storage.complete_items(org, held) == {second.id}  # a fresh one, held
+        held = [(org, i.id, i.claim_token) for i in claimed if i.claim_token is not None]
+        assert await storage.complete_items(held) == {second.id}  # a fresh one, held
         (pid,) = _held_backend_pids(storage)
         await _terminate(killer, pid)
-        assert await storage.complete_items(org, held) == set()  # fenced: already completed
+        assert await storage.complete_items(held) == set()  # fenced: already completed
         done = await storage.read_item(org, second.id)
         assert done is not None
         assert done.status is WorkStatus.COMPLETED
         assert done.attempts == 1  # claimed once: the dropped connection ran nothing
-        await storage.complete_items(org, held)
+        await storage.complete_items(held)
         (pid,) = _held_backend_pids(storage)
     finally:
         await engine.dispose()
@@ -631,9 +631,9 @@ async def test_a_first_statement_asyncpg_cannot_send_runs_in_a_funnel_session(
         assert (claimed.id, claimed.attempts) == (created.id, 1)
         assert _held_backend_pids(storage) == []  # closed, not kept
         assert claimed.claim_token is not None
-        await storage.complete_items(org, [(uuid4(), uuid4())])  # holds one again
+        await storage.complete_items([(org, uuid4(), uuid4())])  # holds one again
         refusing.append("cannot switch to state 12; another operation (2) is in progress")
-        done = await storage.complete_items(org, [(claimed.id, claimed.claim_token)])
+        done = await storage.complete_items([(org, claimed.id, claimed.claim_token)])
         assert done == {claimed.id}
         refusing.append("cannot switch to state 12; another operation (2) is in progress")
         (again,) = await storage.create_items(org, [item])
@@ -968,7 +968,7 @@ async def test_a_held_connection_runs_under_its_calls_tenant_and_goes_back_witho
         assert sorted(str(i.org_id) for i in claimed) == sorted(map(str, (first, second)))
         for item in claimed:
             assert item.claim_token is not None
-            done = await storage.complete_items(item.org_id, [(item.id, item.claim_token)])
+            done = await storage.complete_items([(item.org_id, item.id, item.claim_token)])
             assert done == {item.id}
         assert _held_backend_pids(storage) == [pid]  # one connection did all of it
         for _ in range(100):
@@ -1019,8 +1019,8 @@ async def test_a_held_connection_through_a_pooler_sets_the_tenant_for_each_call_
         assert created.id in {item.id for item in claimed}
         assert await pooled.raw.fetchval(scope) in ("", None)
         assert await pooled.raw.fetchval("SHOW statement_timeout") == "0"
-        held = [(i.id, i.claim_token) for i in claimed if i.claim_token is not None]
-        assert await storage.complete_items(org, held) == {i.id for i in claimed}
+        held = [(org, i.id, i.claim_token) for i in claimed if i.claim_token is not None]
+        assert await storage.complete_items(held) == {i.id for i in claimed}
         assert storage._connections._idle == [pooled]
     finally:
         await engine.dispose()

@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
@@ -715,6 +715,37 @@ async def test_completions_that_gather_are_written_together(
     assert sum(work.batches) == 6
     assert len(work.batches) < 6  # the six finished together: fewer statements than items
     assert sample(loop.metrics, "worker_items_completed_total", kind=PROBE_KIND.value) == 6
+
+
+async def test_completions_of_several_tenants_that_gather_are_one_write(
+    container: RuntimeContainer, tenant: OpContext, make_loop: LoopFactory
+) -> None:
+    """Items of two tenants that finish together complete in one `complete_many` (one
+    statement: docs/decisions/0054), not one per tenant."""
+    rctx = RequestContext.new(APP)
+    org = await container.managers.tenancy.create_org(rctx, "second tenant")
+    other = await container.managers.tenancy.service_context(
+        rctx, org_id=org.id, acting_for=uuid4(), caused_by_request_id=None
+    )
+    await _enqueue(container, tenant, 2)
+    await _enqueue(container, other, 2)
+    handler = GateHandler()
+    work = _CountedCompletions(container.managers.work)
+    loop = make_loop(
+        handlers={PROBE_KIND: handler},
+        settings=make_settings(PROBE, capacity=4),
+        work=cast(WorkManagerInterface, work),
+    )
+
+    assert await loop.claim_once(4) == (4, 0)
+    await handler.started.reach(4)
+    handler.gate.set()
+    await handler.finished.reach(4)
+    await loop.flush_completions()
+
+    assert await _statuses(container, tenant) == [WorkStatus.COMPLETED] * 2
+    assert await _statuses(container, other) == [WorkStatus.COMPLETED] * 2
+    assert work.batches == [4]  # finished together: one write for both tenants
 
 
 class _CountedClaims:

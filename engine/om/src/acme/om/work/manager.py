@@ -198,7 +198,8 @@ class WorkManagerInterface(ABC):
 
     @abstractmethod
     async def complete_many(self, held: Sequence[tuple[OpContext, WorkItem]]) -> Completed:
-        """`complete` for many claimed items at once: one conditional statement per tenant.
+        """`complete` for many claimed items at once, of any tenants: one conditional
+        statement (docs/decisions/0054).
 
         Each item is completed only under its own claim token with its lease not passed,
         exactly as `complete` fences it. Returns the ids completed; an item left out was

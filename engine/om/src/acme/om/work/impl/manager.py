@@ -505,25 +505,25 @@ class WorkManagerImpl(OperatorCommands):
         return written
 
     async def complete_many(self, held: Sequence[tuple[OpContext, WorkItem]]) -> Completed:
-        by_tenant: dict[UUID, list[WorkItem]] = {}
         for ctx, item in held:
             if item.org_id != ctx.org_id:
                 raise Invalid(f"org_id: item {item.id} is not of the context's tenant")
-            by_tenant.setdefault(ctx.org_id, []).append(item)
-        done = Completed()
-        for org_id, items in by_tenant.items():
-            tokens = [(item.id, _token(item)) for item in items]
-            completed = await self._storage.complete_items(org_id, tokens)
-            done |= completed
-            refused = [(item.id, token) for item, (_, token) in zip(items, tokens, strict=True)]
-            refused = [pair for pair in refused if pair[0] not in completed]
-            cancelled = await self._cancelled_under(org_id, refused) if refused else set()
-            done.cancelled |= cancelled
-            for item in items:
-                if item.id in completed:
-                    self._metrics.completed.labels(kind=item.kind.value).inc()
-                elif item.id not in cancelled:
-                    self._metrics.fencing_conflicts.labels(operation="complete").inc()
+        items = [item for _, item in held]
+        completed = await self._storage.complete_items(
+            [(item.org_id, item.id, _token(item)) for item in items]
+        )
+        done = Completed(completed)
+        refused: dict[UUID, list[tuple[UUID, UUID]]] = {}
+        for item in items:
+            if item.id not in completed:
+                refused.setdefault(item.org_id, []).append((item.id, _token(item)))
+        for org_id, claims in refused.items():
+            done.cancelled |= await self._cancelled_under(org_id, claims)
+        for item in items:
+            if item.id in completed:
+                self._metrics.completed.labels(kind=item.kind.value).inc()
+            elif item.id not in done.cancelled:
+                self._metrics.fencing_conflicts.labels(operation="complete").inc()
         return done
 
     async def _cancelled_under(

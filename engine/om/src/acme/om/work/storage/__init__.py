@@ -243,18 +243,20 @@ class WorkStorageInterface(ABC):
         """
 
     @abstractmethod
-    async def complete_items(self, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
-        """Complete the tenant's items held under their tokens, in one statement.
+    async def complete_items(self, claims: Sequence[tuple[UUID, UUID, UUID]]) -> set[UUID]:
+        """Complete items held under their tokens, of any tenants, in one statement.
 
-        `claims` is `(item id, claim token)` pairs. Each row is completed (status
-        `COMPLETED`, claim fields cleared, `completed_at` and `updated_at` the storage's
-        now, `updated_by` `EMPTY_UUID`) only where it is the tenant's, still `CLAIMED`
-        under that very token, with its lease not yet passed: the fence of `write_item`,
-        checked per row inside the statement, so batching many completions never lets a
-        stale holder's write land (River batches completions the same way, one UPDATE
-        over arrays: riverqueue/river `JobSetStateIfRunningMany`). Returns the ids it
-        completed; an id missing from the result lost its claim (another holder, a sweep,
-        a passed lease) or is not the tenant's, and its row is left as it stood.
+        `claims` is `(tenant id, item id, claim token)` triples. Each row is completed
+        (status `COMPLETED`, claim fields cleared, `completed_at` and `updated_at` the
+        storage's now, `updated_by` `EMPTY_UUID`) only where it is that tenant's, still
+        `CLAIMED` under that very token, with its lease not yet passed: the fence of
+        `write_item`, checked per row inside the statement, so batching many completions
+        never lets a stale holder's write land (River batches completions the same way, one
+        UPDATE over arrays: riverqueue/river `JobSetStateIfRunningMany`). One statement
+        whatever the tenants, as the claim that handed the rows out (docs/decisions/0054).
+        Returns the ids it completed; an id missing from the result lost its claim (another
+        holder, a sweep, a passed lease) or is not the named tenant's, and its row is left
+        as it stood.
         """
 
     def wake_ups(self) -> WakeUps | None:

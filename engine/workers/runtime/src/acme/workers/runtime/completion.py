@@ -1,4 +1,4 @@
-"""Group commit of completions: one `complete_many` per batch and tenant.
+"""Group commit of completions: one `complete_many` per batch, whatever its tenants.
 
 While a write is in flight, handled items gather; the next write takes them all, each row
 fenced on its own claim token (docs/decisions/0021).
@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from uuid import UUID
 
 from acme.om.work import WorkManagerInterface
 from acme.workers.runtime.errors import one_line
@@ -51,10 +50,10 @@ class Completions:
         """Queue a handled item's completion; one flush writes every queued completion.
 
         Group commit: while a flush is in flight, completions gather, and the next flush
-        writes them all (one conditional statement per tenant, each row fenced on its own
-        claim token), so an idle worker completes an item at once and a busy one pays one
-        statement per batch. The item's slot is free from here; the loop holds claiming back
-        while more than `capacity` completions wait (`unwritten`).
+        writes them all (one conditional statement, each row fenced on its tenant and its
+        own claim token: docs/decisions/0054), so an idle worker completes an item at once
+        and a busy one pays one statement per batch. The item's slot is free from here; the
+        loop holds claiming back while more than `capacity` completions wait (`unwritten`).
         """
         self._queued.append(flight)
         self.unwritten += 1
@@ -62,19 +61,15 @@ class Completions:
             self._flusher = asyncio.create_task(self._flush(), name="complete")
 
     async def _flush(self) -> None:
-        """Write the queued completions until none is left (see `add`), one
-        statement per tenant."""
+        """Write the queued completions until none is left (see `add`), one statement a
+        batch."""
         while self._queued:
             queued, self._queued = self._queued, []
-            tenants: dict[UUID, list[InFlight]] = {}
-            for flight in queued:
-                tenants.setdefault(flight.item.org_id, []).append(flight)
-            for batch in tenants.values():  # one tenant's failure leaves the others written
-                await self._write(batch)
+            await self._write(queued)
             self._signal.slot_freed()  # claiming held back for the backlog may go on
 
     async def _write(self, batch: list[InFlight]) -> None:
-        """Write one tenant's queued completions (one statement) and account for each."""
+        """Write a batch of queued completions (one statement) and account for each."""
         began = time.monotonic()
         try:
             done = await self._work.complete_many([(f.ctx, f.item) for f in batch])

@@ -3,8 +3,8 @@
 `WorkerLoop` claims up to its free slots with one `claim_many` when woken (`ClaimSignal`,
 by its wake-up subscription) or when the poll interval passes; runs each item as its own
 task; renews each item's lease every `lease / 5` seconds and fences itself off an item
-whose lease it may have lost; writes completions in groups (one `complete_many` per batch
-and tenant); beats on the cache; and drains at `stop()`. The sweep (`sweep.Sweep`), the
+whose lease it may have lost; writes completions in groups (one `complete_many` per
+batch); beats on the cache; and drains at `stop()`. The sweep (`sweep.Sweep`), the
 wake-up subscription (`wake.WakeUpSubscription`) and the scheduler (`schedules.Scheduler`)
 are collaborators it starts and stops.
 Fencing times come from the injected wall clock (`clock`); lease expiry is the database's

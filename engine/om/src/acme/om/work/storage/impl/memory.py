@@ -225,12 +225,12 @@ class MemoryWorkStorage(WorkStorageInterface):
                 self._owed[item.id] = (claim_token, dead_letter)
             return written.model_copy(deep=True)
 
-    async def complete_items(self, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
-        """See `WorkStorageInterface.complete_items`: each pair fenced as `write_item` is."""
+    async def complete_items(self, claims: Sequence[tuple[UUID, UUID, UUID]]) -> set[UUID]:
+        """See `WorkStorageInterface.complete_items`: each triple fenced as `write_item` is."""
         async with self._lock:
             now = self._clock()
             done: set[UUID] = set()
-            for item_id, claim_token in claims:
+            for org_id, item_id, claim_token in claims:
                 row = self._tenant_row(org_id, item_id)
                 if (
                     row is None

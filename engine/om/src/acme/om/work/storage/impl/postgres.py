@@ -238,19 +238,19 @@ class PostgresWorkStorage(SqlWorkStorage):
         items = sorted(read, key=claim_order)
         return WorkRows(items, [row for row in dead if row is not None])
 
-    async def complete_items(self, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
-        """See `SqlWorkStorage.complete_items`: the same statement (`COMPLETE`), under tenant
-        `org_id`, on a held connection when one is free."""
+    async def complete_items(self, claims: Sequence[tuple[UUID, UUID, UUID]]) -> set[UUID]:
+        """See `SqlWorkStorage.complete_items`: the same statement (`COMPLETE`), under the
+        system scope, on a held connection when one is free."""
         if self._connections is None or not claims:
-            return await super().complete_items(org_id, claims)
-        values = complete_values(org_id, claims)
+            return await super().complete_items(claims)
+        values = complete_values(claims)
         try:
-            async with self._connections.statements(org_id) as conn:
+            async with self._connections.statements(EMPTY_UUID) as conn:
                 if conn is None:
-                    return await super().complete_items(org_id, claims)
+                    return await super().complete_items(claims)
                 return {row[0] for row in await conn.fetch(COMPLETE.numbered, *values)}
         except Unsent:
-            return await super().complete_items(org_id, claims)
+            return await super().complete_items(claims)
 
     def _now(self) -> ColumnElement[datetime]:
         return type_coerce(func.statement_timestamp(), UtcDateTime)
@@ -331,10 +331,10 @@ class PostgresWorkStorage(SqlWorkStorage):
         return [row._mapping for row in await conn.execute(claim.named, params)]
 
     async def _complete_rows(
-        self, conn: AsyncConnection, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]
+        self, conn: AsyncConnection, claims: Sequence[tuple[UUID, UUID, UUID]]
     ) -> set[UUID]:
         """See `SqlWorkStorage._complete_rows`: `COMPLETE`."""
-        params = COMPLETE.params(complete_values(org_id, claims))
+        params = COMPLETE.params(complete_values(claims))
         return set((await conn.execute(COMPLETE.named, params)).scalars())
 
     async def _fail_unreadable(

@@ -424,25 +424,28 @@ def claim_values(lane: str, kinds: Sequence[WorkKind], worker_id: str, lease_s: 
 
 
 def _complete_sql(p: Sequence[str]) -> str:
-    """The completion of tenant `p[2]`'s rows, each fenced on its own token: the ids
-    (`p[0]`) and tokens (`p[1]`) as arrays, joined pairwise."""
+    """The completion of rows of any tenants, each fenced on its tenant and its own token:
+    the tenants (`p[0]`), ids (`p[1]`) and tokens (`p[2]`) as arrays, joined by position;
+    run under the system scope, as the claim (docs/decisions/0054)."""
     return (
         f"UPDATE work_items SET status = '{WorkStatus.COMPLETED.value}', {_RELEASED},"
         " completed_at = statement_timestamp()"
-        f" FROM unnest(CAST({p[0]} AS uuid[]), CAST({p[1]} AS uuid[])) AS claims(id, claim_token)"
+        f" FROM unnest(CAST({p[0]} AS uuid[]), CAST({p[1]} AS uuid[]), CAST({p[2]} AS uuid[]))"
+        " AS claims(org_id, id, claim_token)"
         " WHERE work_items.id = claims.id AND work_items.claim_token = claims.claim_token"
-        f" AND work_items.org_id = {p[2]} AND work_items.status = '{WorkStatus.CLAIMED.value}'"
+        " AND work_items.org_id = claims.org_id"
+        f" AND work_items.status = '{WorkStatus.CLAIMED.value}'"
         " AND work_items.lease_expires_at > statement_timestamp()"
         " RETURNING work_items.id"
     )
 
 
-COMPLETE = statement(_complete_sql, ["ids", "tokens", "org_id"], (t.c.id,))
+COMPLETE = statement(_complete_sql, ["org_ids", "ids", "tokens"], (t.c.id,))
 
 
-def complete_values(org_id: UUID, claims: Sequence[tuple[UUID, UUID]]) -> list[Any]:
-    """`COMPLETE`'s parameters for `(id, claim_token)` pairs."""
-    return [[item_id for item_id, _ in claims], [token for _, token in claims], org_id]
+def complete_values(claims: Sequence[tuple[UUID, UUID, UUID]]) -> list[Any]:
+    """`COMPLETE`'s parameters for `(tenant id, item id, claim token)` triples."""
+    return [[org_id for org_id, _, _ in claims], [i for _, i, _ in claims], [k for *_, k in claims]]
 
 
 def _unreadable_sql(p: Sequence[str]) -> str:

@@ -135,7 +135,7 @@ class SqlWorkStorage(SqlOperatorStatements):
 
     @abstractmethod
     async def _complete_rows(
-        self, conn: AsyncConnection, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]
+        self, conn: AsyncConnection, claims: Sequence[tuple[UUID, UUID, UUID]]
     ) -> set[UUID]:
         """`complete_items`' one UPDATE in `conn`'s transaction; the ids it completed."""
 
@@ -390,13 +390,13 @@ class SqlWorkStorage(SqlOperatorStatements):
             )
         return self._write_stmts[key]
 
-    async def complete_items(self, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
-        """See `WorkStorageInterface.complete_items`: one UPDATE, each row fenced on its own
-        token by the `(id, claim_token)` row-value match in its WHERE clause."""
+    async def complete_items(self, claims: Sequence[tuple[UUID, UUID, UUID]]) -> set[UUID]:
+        """See `WorkStorageInterface.complete_items`: one UPDATE under the system scope (as
+        the claim), each row fenced on its tenant and its own token in its WHERE clause."""
         if not claims:
             return set()
-        async with self._session(DatabaseRole.QUEUE, org_id) as conn:
-            return await self._complete_rows(conn, org_id, claims)
+        async with self._session(DatabaseRole.QUEUE, EMPTY_UUID) as conn:
+            return await self._complete_rows(conn, claims)
 
     async def claim_next(
         self,

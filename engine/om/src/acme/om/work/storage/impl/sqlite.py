@@ -159,11 +159,11 @@ class SqliteWorkStorage(SqlWorkStorage):
         )
 
     async def _complete_rows(
-        self, conn: AsyncConnection, org_id: UUID, claims: Sequence[tuple[UUID, UUID]]
+        self, conn: AsyncConnection, claims: Sequence[tuple[UUID, UUID, UUID]]
     ) -> set[UUID]:
-        """See `SqlWorkStorage._complete_rows`: each row fenced on its own token by the
-        `(id, claim_token)` row-value match in its WHERE clause."""
-        params = {"done_org_id": org_id, "done_claims": list(claims)}
+        """See `SqlWorkStorage._complete_rows`: each row fenced on its tenant and its own
+        token by the `(org_id, id, claim_token)` row-value match in its WHERE clause."""
+        params = {"done_claims": list(claims)}
         return set((await conn.execute(self._complete_stmt, params)).scalars())
 
     @cached_property
@@ -172,8 +172,9 @@ class SqliteWorkStorage(SqlWorkStorage):
         return (
             update(t)
             .where(
-                tuple_(t.c.id, t.c.claim_token).in_(bindparam("done_claims", expanding=True)),
-                t.c.org_id == bindparam("done_org_id"),
+                tuple_(t.c.org_id, t.c.id, t.c.claim_token).in_(
+                    bindparam("done_claims", expanding=True)
+                ),
                 t.c.status == WorkStatus.CLAIMED.value,
                 t.c.lease_expires_at > now,
             )
