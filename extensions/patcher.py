@@ -22,6 +22,7 @@ work tree (the replays are not git repositories while tasks run).
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import functools
 import hashlib
@@ -145,6 +146,8 @@ class Spec:
     namespace_absent: bool
     container: bool = False
     storage_has_claim_many: bool = False
+    # The rendered storage interface's abstract methods that take no `org_id` (`host_spec`).
+    storage_tenantless: tuple[str, ...] = ()
     metrics_port: int | None = None
     line_length: int = 88  # the host's `[tool.ruff] line-length` (`line_length(host)`)
     added_kind: bool = False  # a kind added to the existing worker `worker_name`
@@ -373,7 +376,8 @@ def edit_tenantless(text: str, spec: Spec, limit: int) -> str:
     """Root `pyproject.toml`: the tenant-less storage methods in CTX-12 (the host's
     arch check, docs/host-contract.md).
 
-    `claim_next`, and `claim_many` when the rendered storage interface declares it.
+    `claim_next`, `claim_many` when the rendered storage interface declares it, and every
+    other abstract method of that interface that takes no `org_id` (`complete_items`).
     """
     doc = tomlkit.parse(text)
     try:
@@ -386,6 +390,9 @@ def edit_tenantless(text: str, spec: Spec, limit: int) -> str:
     methods = [f"{base}.claim_next"]
     if spec.storage_has_claim_many:
         methods.append(f"{base}.claim_many")
+    methods += [
+        f"{base}.{name}" for name in spec.storage_tenantless if f"{base}.{name}" not in methods
+    ]
     present = [str(m) for m in tenantless]
     missing = [m for m in methods if m not in present]
     for method in missing:
@@ -1187,10 +1194,41 @@ def check_host(host: Path, spec: Spec) -> list[str]:
 
 def host_spec(host: Path, spec: Spec) -> Spec:
     """`spec` with what the host decides: its line length, whether its namespace has
-    `claim_many`."""
+    `claim_many`, and its storage interface's tenant-less methods."""
     storage = host / spec.om / "work" / "storage" / "__init__.py"
-    has_many = storage.is_file() and "def claim_many(" in storage.read_text(encoding="utf-8")
-    return dataclasses.replace(spec, storage_has_claim_many=has_many, line_length=line_length(host))
+    text = storage.read_text(encoding="utf-8") if storage.is_file() else ""
+    return dataclasses.replace(
+        spec,
+        storage_has_claim_many="def claim_many(" in text,
+        storage_tenantless=tenantless_methods(text),
+        line_length=line_length(host),
+    )
+
+
+def tenantless_methods(source: str) -> tuple[str, ...]:
+    """The abstract methods of `WorkStorageInterface` in `source` without an `org_id`
+    parameter, as the host's arch check (CTX-12) finds them; () for no such class."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ()
+    names: list[str] = []
+    for cls in tree.body:
+        if not (isinstance(cls, ast.ClassDef) and cls.name == "WorkStorageInterface"):
+            continue
+        for node in cls.body:
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            abstract = any(
+                (isinstance(d, ast.Name) and d.id == "abstractmethod")
+                or (isinstance(d, ast.Attribute) and d.attr == "abstractmethod")
+                for d in node.decorator_list
+            )
+            args = node.args
+            params = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+            if abstract and "org_id" not in params:
+                names.append(node.name)
+    return tuple(names)
 
 
 def existing(host: Path, spec: Spec) -> frozenset[str]:
@@ -1474,6 +1512,8 @@ def merge_regions(host: Path, spec: Spec, previous: Previous) -> tuple[list[str]
         old_spec = dataclasses.replace(old_spec, line_length=limit)
     if "storage_has_claim_many" in fields:
         old_spec = dataclasses.replace(old_spec, storage_has_claim_many=spec.storage_has_claim_many)
+    if "storage_tenantless" in fields:
+        old_spec = dataclasses.replace(old_spec, storage_tenantless=spec.storage_tenantless)
     changed: list[str] = []
     conflicted: list[str] = []
     regions = (
