@@ -78,6 +78,9 @@ def _run(
 def _uv_env() -> dict[str, str]:
     env = {**os.environ, "UV_OFFLINE": "1", "UV_LINK_MODE": "copy", **_GIT}
     env.pop("VIRTUAL_ENV", None)
+    # Set by `python -m uv` (the Makefile's uv where none is on PATH): it would point every
+    # `uv pip` below at that interpreter instead of the host's environment.
+    env.pop("UV_INTERNAL__PARENT_INTERPRETER", None)
     return env
 
 
@@ -115,10 +118,17 @@ def build_host() -> None:
             for command in (["git", "add", "-A"], ["git", "commit", "-q", "-m", "worker"]):
                 _run(command, HOST, env)
     _run(["uv", "sync", "--all-packages", "--offline", "--quiet"], HOST, env)
-    # pytest-xdist for the check's own run; from the uv cache, never into a user's host.
-    xdist = f"pytest-xdist=={_locked_version('pytest-xdist')}"
-    _run(["uv", "pip", "install", "--offline", "--quiet", xdist], HOST, env)
     stamp.write_text(key)
+
+
+def install_xdist() -> None:
+    """pytest-xdist for the check's own run, into the host's environment (every run: a
+    host built before it was there heals); from the uv cache, never into a user's host."""
+    xdist = f"pytest-xdist=={_locked_version('pytest-xdist')}"
+    python = str(HOST / ".venv" / "bin" / "python")
+    _run(
+        ["uv", "pip", "install", "--offline", "--quiet", "--python", python, xdist], HOST, _uv_env()
+    )
 
 
 def link_engine() -> list[Path]:
@@ -143,6 +153,7 @@ def main() -> int:
     if not no_pg:
         _run(["bash", "scripts/services.sh"], REPO)
     build_host()
+    install_xdist()
     tests = link_engine()
     env = _uv_env()
     config = str(HOST / "pyproject.toml")
