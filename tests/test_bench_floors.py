@@ -95,3 +95,24 @@ def test_the_targets_judge_rows_the_lowest_peer_and_a_floor_of_the_run(
 
     unmeasured = run.check_targets(targets, rows, med, {"notify_floor": None})
     assert next(v for v in unmeasured if v["name"] == floor["name"])["ok"] is False
+
+
+def test_a_target_over_a_row_not_selected_is_not_run_and_one_selected_but_empty_is_missed() -> None:
+    """`BENCH_ROWS=ours_fairness` judges the fairness floors and passes over the drains,
+    whose rows it did not run; a selected row without its figure still fails its floor."""
+    import run  # bench/run.py, through the path set above
+
+    rows = [r for r in run.ROWS if r.key == "ours_fairness"]
+    med = {"ours_fairness": dict.fromkeys(run.METRICS)}
+    med["ours_fairness"] |= {"fair_lane_per_s": 950.0, "fair_a_alone_per_s": 1000.0}
+    med["ours_fairness"] |= {"fair_b_p95_ms": None, "fair_b_alone_p95_ms": 4.0}
+    med["ours_fairness"] |= {"fair_spread_worst_p95_ms": 2.0, "fair_spread_median_p95_ms": 1.0}
+    targets = json.loads((Path(run.BENCH) / "targets.json").read_text())
+
+    judged = {v["name"]: v for v in run.check_targets(targets, rows, med, {"notify_floor": None})}
+
+    drain = judged["drain, capacity 10 vs pgqueuer(concurrency_limit=10)"]
+    assert (drain["value"], drain["ok"]) == (None, True)
+    assert judged["fairness (a): the lane's drain with B vs A alone"]["ok"] is True
+    unmeasured = judged["fairness (a): B's p95 wait beside A's backlog vs alone"]
+    assert (unmeasured["value"], unmeasured["ok"]) == (None, False)
