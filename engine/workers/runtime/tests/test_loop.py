@@ -827,6 +827,50 @@ async def test_a_backlog_a_poll_finds_drains_as_slots_free_not_poll_by_poll(
     assert sorted(n for n in work.returned if n)[-1] == 2  # claimed at most two at a time
 
 
+class _SlowClaims(_CountedClaims):
+    """Claims that each take 5 ms, far longer than the handlers they feed."""
+
+    async def claim_many(self, *args: Any, **kwargs: Any) -> list[tuple[OpContext, WorkItem]]:
+        await asyncio.sleep(0.005)
+        return await super().claim_many(*args, **kwargs)
+
+
+class _Staggered(WorkHandlerInterface):
+    """Ends every other item a millisecond after the rest: its slots free out of phase."""
+
+    def __init__(self) -> None:
+        self.finished = Signal()
+        self._started = itertools.count()
+
+    async def handle(self, ctx: OpContext, item: WorkItem) -> None:
+        if next(self._started) % 2:
+            await asyncio.sleep(0.001)
+        self.finished.bump()
+
+
+async def test_handlers_shorter_than_the_claim_refill_their_slots_together(
+    container: RuntimeContainer, tenant: OpContext, make_loop: LoopFactory
+) -> None:
+    # Slots that free a millisecond apart on a busy lane wait for each other (at most
+    # 2 ms) and are claimed in one statement, not two: with every claim refilling half the
+    # slots, the worker would pay a claim and a completion per two items for good.
+    handler = _Staggered()
+    work = _SlowClaims(container.managers.work)
+    await container.managers.work.enqueue_many(tenant, new_items(PROBE, tenant, 40))
+    loop = make_loop(
+        handlers={PROBE_KIND: handler},
+        settings=make_settings(PROBE, capacity=4, poll_interval=30.0, lease=60.0),
+        work=cast(WorkManagerInterface, work),
+    )
+
+    async with running(loop):
+        await handler.finished.reach(40)
+
+    full = [n for n in work.returned if n]
+    assert sum(full) == 40
+    assert full.count(4) >= 8, full  # of 10 claims; each a pair of 2 without the wait
+
+
 async def test_items_a_sweep_hands_back_are_claimed_without_waiting_for_the_poll(
     container: RuntimeContainer, tenant: OpContext, make_loop: LoopFactory
 ) -> None:

@@ -1,10 +1,12 @@
 """The worker loop: claim, handle, complete; lease renewal, self-fencing, heartbeat, drain.
 
 `WorkerLoop` claims up to its free slots with one `claim_many` when woken (`ClaimSignal`,
-by its wake-up subscription) or when the poll interval passes; runs each item as its own
-task; renews each item's lease every `lease / 5` seconds and fences itself off an item
-whose lease it may have lost; writes completions in groups (one `complete_many` per
-batch); beats on the cache; and drains at `stop()`. The sweep (`sweep.Sweep`), the
+by its wake-up subscription) or when the poll interval passes (on a busy lane, while
+handlers run shorter than the claim, a partial refill waits up to 2 ms for the slots
+freeing beside it: docs/decisions/0055); runs each item as its own task; renews each
+item's lease every `lease / 5` seconds and fences itself off an item whose lease it may
+have lost; writes completions in groups (one `complete_many` per batch); beats on the
+cache; and drains at `stop()`. The sweep (`sweep.Sweep`), the
 wake-up subscription (`wake.WakeUpSubscription`) and the scheduler (`schedules.Scheduler`)
 are collaborators it starts and stops.
 Fencing times come from the injected wall clock (`clock`); lease expiry is the database's
@@ -70,6 +72,10 @@ Clock = Callable[[], float]
 
 _ERROR_LIMIT = 2000  # characters of an error and its innermost frames kept on the row
 _CLAIM_AFTER_STOP_S = 2.0  # seconds the claim in progress at a stop may take to return
+# Seconds a partial refill may wait for more slots while handlers run shorter than the
+# claim that feeds them (docs/decisions/0055); the weight of each new sample in the means.
+_REFILL_WAIT_S = 0.002
+_MEAN_WEIGHT = 0.1
 _CANCELLED_CLAIM_S = 1.0  # seconds a claim cancelled at a stop may take to unwind
 # Seconds a claim may run past its lease before it is cancelled as unanswered: a claim
 # that takes longer hands out leases already spent, and a database that accepts the
@@ -166,6 +172,12 @@ class WorkerLoop:
         self._tracer = tracer or trace.get_tracer(__name__)
         self._app = AppContext(type=AppType.WORKER, version=settings.app_version)
         self._items: dict[UUID, InFlight] = {}
+        # Whether the last claim found the lane empty; when the first slot of a partial
+        # refill freed; running means of a handler's and a claim's seconds.
+        self._last_empty = True
+        self._partial_since: float | None = None
+        self._handled_s = 0.0
+        self._claim_s = 0.0
         self.heartbeat = Heartbeat(
             settings=settings,
             cache=cache,
@@ -266,9 +278,17 @@ class WorkerLoop:
                 free = 0  # completions are backing up: let them be written first
             paused = self.state.claiming_paused
             self.metrics.claiming.set(0 if paused else 1)
+            wait_s = 0.0 if paused else self._refill_wait_s(free)
+            if wait_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait_s):
+                        await signal.event.wait()
+                continue
+            self._partial_since = None
             if free > 0 and not paused:
                 wake_ups = signal.wake_ups
                 empty, more, unhandled = await self._claim_for(free)
+                self._last_empty = empty
                 # Every claim gives its verdict afresh (a failed one gives none).
                 signal.lane_empty = (
                     empty
@@ -286,6 +306,21 @@ class WorkerLoop:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.state.poll_wait_s(self.settings.poll_interval)):
                     await signal.event.wait()
+
+    def _refill_wait_s(self, free: int) -> float:
+        """Seconds to wait before claiming for `free` slots (0: claim now). Only a partial
+        refill on a busy lane waits, and only while handlers run shorter than the claim
+        (running means): then statements are the throughput, and a slot claimed alone
+        splits the slots into cohorts that each pay a claim and a completion. It waits
+        up to `_REFILL_WAIT_S` from the first free slot for the others (docs/decisions/0055).
+        """
+        busy = not self._last_empty and self._handled_s < self._claim_s
+        if not busy or not 0 < free < self.settings.capacity:
+            return 0.0
+        now = time.monotonic()
+        if self._partial_since is None:
+            self._partial_since = now
+        return max(0.0, self._partial_since + _REFILL_WAIT_S - now)
 
     async def _claim_for(self, free: int) -> tuple[bool, bool, int]:
         """Claim for `free` slots. One kind: one `claim_once`. Several: one `claim_once` per
@@ -381,6 +416,7 @@ class WorkerLoop:
             return 0, 0
         finally:
             self.state.claim_began = None
+        self._claim_s += (time.monotonic() - began - self._claim_s) * _MEAN_WEIGHT
         self.database.answered()
         if self.state.claims_failing_since is not None:
             logger.info(
@@ -498,7 +534,9 @@ class WorkerLoop:
             await self._lease.stop(flight, starter)
             await self._hook("after_item", self._hooks.after_item(flight.ctx, item, None), item)
         finally:
-            self.metrics.handle_duration.labels(kind=kind).observe(time.monotonic() - started)
+            handled_s = time.monotonic() - started
+            self.metrics.handle_duration.labels(kind=kind).observe(handled_s)
+            self._handled_s += (handled_s - self._handled_s) * _MEAN_WEIGHT
             self._forget(flight)
 
     async def _handler_failed(
