@@ -425,6 +425,51 @@ async def test_the_claim_reuses_its_cached_generic_plan_which_reads_only_indexes
         await owner.close()
 
 
+async def test_the_completion_of_one_item_reuses_its_cached_generic_plan(
+    pg_funnel: StorageFunnel, pg_owner_url: str, pg_url: str, lane: str
+) -> None:
+    """A capacity-1 worker completes one item a statement. Its triples are padded to ten
+    with NULL, the length the generic plan is priced for, so PostgreSQL keeps that plan
+    from the sixth call on instead of planning a custom one at every bind (docs/decisions/
+    0054). Behind claimed rows, as the application's role under the system scope: the row
+    security it runs under is part of what the planner weighs."""
+    org = uuid4()
+    token = uuid4()
+    until = datetime.now(UTC) + timedelta(minutes=5)
+    held = {"status": WorkStatus.CLAIMED.value, "claimed_by": "w1", "claim_token": token}
+    async with pg_funnel.session(DatabaseRole.QUEUE, org) as conn:
+        rows = [stored_row(org, lane, **held, lease_expires_at=until) for _ in range(1_000)]
+        await conn.execute(insert(work_items), [*rows, *(stored_row(org, lane) for _ in rows)])
+    complete = postgres_statements.COMPLETE
+    owner = await asyncpg.connect(asyncpg_dsn(pg_owner_url))
+    app = await asyncpg.connect(asyncpg_dsn(pg_url))
+    try:
+        await owner.execute("ANALYZE work_items")
+        await app.execute("SELECT set_config('app.org_id', $1, false)", str(EMPTY_UUID))
+        prepared = await app.prepare(complete.numbered)
+        for n in range(8):
+            tx = app.transaction()
+            await tx.start()
+            try:
+                claim: tuple[UUID, UUID, UUID] = (org, rows[n]["id"], token)
+                values = postgres_statements.complete_values([claim])
+                assert [row[0] for row in await prepared.fetch(*values)] == [rows[n]["id"]]
+            finally:
+                await tx.rollback()
+        plans = await app.fetchrow(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
+            complete.numbered,
+        )
+        assert plans is not None
+        assert tuple(plans) == (3, 5)
+    finally:
+        async with owner.transaction():
+            await owner.execute("SELECT set_config('app.org_id', $1, true)", str(org))
+            await owner.execute("DELETE FROM work_items WHERE org_id = $1", org)
+        await owner.close()
+        await app.close()
+
+
 async def _front_reads(owner: asyncpg.Connection, lane: str, limit: int, front: int) -> int:
     """How many of one fair claim's scans of `ix_work_items_claim_order` (`limit` slots on
     `lane`, rolled back) read at least `front` blocks: each a pass through a churned front."""

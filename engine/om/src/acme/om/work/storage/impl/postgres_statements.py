@@ -443,9 +443,21 @@ def _complete_sql(p: Sequence[str]) -> str:
 COMPLETE = statement(_complete_sql, ["org_ids", "ids", "tokens"], (t.c.id,))
 
 
+# The fewest triples `COMPLETE` is given: PostgreSQL prices its cached generic plan for
+# arrays of ten, so a shorter batch would be planned afresh at every bind, as a custom plan
+# priced for fewer (docs/decisions/0054). The padding is NULL, which no row matches.
+_COMPLETE_PADDED_TO = 10
+
+
 def complete_values(claims: Sequence[tuple[UUID, UUID, UUID]]) -> list[Any]:
-    """`COMPLETE`'s parameters for `(tenant id, item id, claim token)` triples."""
-    return [[org_id for org_id, _, _ in claims], [i for _, i, _ in claims], [k for *_, k in claims]]
+    """`COMPLETE`'s parameters for `(tenant id, item id, claim token)` triples, padded
+    with NULL triples to `_COMPLETE_PADDED_TO`."""
+    padding: list[None] = [None] * max(0, _COMPLETE_PADDED_TO - len(claims))
+    return [
+        [org_id for org_id, _, _ in claims] + padding,
+        [i for _, i, _ in claims] + padding,
+        [k for *_, k in claims] + padding,
+    ]
 
 
 def _unreadable_sql(p: Sequence[str]) -> str:
