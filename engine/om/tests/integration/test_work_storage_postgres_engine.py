@@ -372,6 +372,26 @@ async def test_the_claim_reads_its_index_in_order_whatever_the_tenants_hold(
         await owner.close()
 
 
+async def _plans_over(
+    conn: asyncpg.Connection, sql: str, calls: list[list[Any]]
+) -> tuple[tuple[int, int], list[list[Any]]]:
+    """Run prepared `sql` once per argument list of `calls`, each in a transaction rolled
+    back; `(generic plans, custom plans)` PostgreSQL made for it, and each call's rows."""
+    prepared = await conn.prepare(sql)
+    found = []
+    for values in calls:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            found.append(list(await prepared.fetch(*values)))
+        finally:
+            await tx.rollback()
+    query = "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1"
+    plans = await conn.fetchrow(query, sql)
+    assert plans is not None
+    return (plans[0], plans[1]), found
+
+
 async def test_the_claim_reuses_its_cached_generic_plan_which_reads_only_indexes(
     pg_funnel: StorageFunnel, pg_owner_url: str, lane: str
 ) -> None:
@@ -396,20 +416,9 @@ async def test_the_claim_reuses_its_cached_generic_plan_which_reads_only_indexes
     try:
         await owner.execute("ANALYZE work_items")
         await owner.execute("SELECT set_config('app.org_id', $1, false)", str(EMPTY_UUID))
-        prepared = await owner.prepare(claim.numbered)
-        for _ in range(8):
-            tx = owner.transaction()
-            await tx.start()
-            try:
-                assert len(await prepared.fetch(*values)) == 1
-            finally:
-                await tx.rollback()
-        plans = await owner.fetchrow(
-            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
-            claim.numbered,
-        )
-        assert plans is not None
-        assert tuple(plans) == (3, 5)
+        plans, found = await _plans_over(owner, claim.numbered, [values] * 8)
+        assert [len(rows) for rows in found] == [1] * 8
+        assert plans == (3, 5)
         await owner.execute("SET plan_cache_mode = force_generic_plan")
         await owner.execute(f"PREPARE generic_claim AS {claim.numbered}")
         literals = ", ".join(f"'{value}'" for value in values)
@@ -446,22 +455,11 @@ async def test_the_completion_of_one_item_reuses_its_cached_generic_plan(
     try:
         await owner.execute("ANALYZE work_items")
         await app.execute("SELECT set_config('app.org_id', $1, false)", str(EMPTY_UUID))
-        prepared = await app.prepare(complete.numbered)
-        for n in range(8):
-            tx = app.transaction()
-            await tx.start()
-            try:
-                claim: tuple[UUID, UUID, UUID] = (org, rows[n]["id"], token)
-                values = postgres_statements.complete_values([claim])
-                assert [row[0] for row in await prepared.fetch(*values)] == [rows[n]["id"]]
-            finally:
-                await tx.rollback()
-        plans = await app.fetchrow(
-            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
-            complete.numbered,
-        )
-        assert plans is not None
-        assert tuple(plans) == (3, 5)
+        claims: list[tuple[UUID, UUID, UUID]] = [(org, row["id"], token) for row in rows[:8]]
+        calls = [postgres_statements.complete_values([claim]) for claim in claims]
+        plans, found = await _plans_over(app, complete.numbered, calls)
+        assert [[row[0] for row in done] for done in found] == [[c[1]] for c in claims]
+        assert plans == (3, 5)
     finally:
         async with owner.transaction():
             await owner.execute("SELECT set_config('app.org_id', $1, true)", str(org))

@@ -328,24 +328,16 @@ probe per tenant, so its cost stays bounded with thousands of tenants (docs/deci
 
 @cache
 def claim_statement(kinds: int, limit: int) -> Statement:
-    """The claim of at most `limit` items of `kinds` kinds, one parameter each, read from
-    `ix_work_items_claim_order` (docs/decisions/0037): tenants share first, priority orders
-    within a tenant. Raises `ValueError` for a `limit` below 1.
+    """The claim of at most `limit` items of `kinds` kinds, one parameter each (values:
+    `claim_values`), read from `ix_work_items_claim_order`: tenants share first, priority
+    orders within a tenant (docs/decisions/0037). Raises `ValueError` for `limit` < 1.
 
-    `limit` is written into the text, not bound: under a `LIMIT` parameter PostgreSQL's
-    cached generic plan assumes a tenth of the rows, so it planned the statement afresh on
-    every claim, which cost more than running it; with the limit written, the generic plan
-    is the custom one and is reused (a text per slot count, at most the capacity). The
-    UPDATE finds its rows by primary key (`= ANY`) whatever the planner guesses of them
-    (docs/decisions/0053).
-
-    Per kind, a skip scan (one index probe per tenant) lists up to `TENANT_WINDOW` (or
-    `limit`) tenants with available items from a random tenant id on; each takes up to
-    `ceil(limit / tenants)` due items in its claim order (`claim_rank_sql`, then `id`),
-    locked with SKIP LOCKED, tenants in random order; slots left go to the tenants' next
-    items (`_turns`). The UPDATE claims those rows under a fresh token for the lease (s)
-    (River's `JobGetAvailable`). A paused lane's guard is uncorrelated, checked once per
-    statement (docs/decisions/0040). Parameters as `claim_values`."""
+    Per kind, a skip scan lists up to `TENANT_WINDOW` (or `limit`) due tenants from a
+    random tenant id on; each takes up to `ceil(limit / tenants)` items in claim order,
+    SKIP LOCKED, and the slots left go to their next items (`_turns`). The UPDATE claims
+    them by primary key under a fresh token for `lease_s` seconds; a paused lane's guard
+    is checked once (docs/decisions/0040). `limit` is written into the text, not bound,
+    so the cached generic plan is the custom one (docs/decisions/0053)."""
     if limit < 1:
         raise ValueError(f"a claim takes at least one item, not {limit}")
     names = ["lane", "worker_id", "lease_s", *(f"kind_{n}" for n in range(kinds))]
