@@ -103,10 +103,26 @@ class OrderCases(StorageCases):
     async def test_one_slot_claims_reach_a_new_tenant_behind_a_backlog(
         self, storage: WorkStorageInterface, lane: str
     ) -> None:
-        """A claim of one slot picks among the due tenants at random, not the oldest item:
-        behind 30 older items of another tenant, a new tenant's item is claimed within 20
-        one-slot claims (missed only with probability 2^-20), not after all 30."""
+        """A claim of one slot takes the next due tenant's turn, not the oldest item:
+        behind 30 older items of another tenant, a new tenant's item is one of the next
+        two one-slot claims, not the 31st."""
         await self.backlog(storage, uuid4(), lane, 30)
         (item,) = await self.backlog(storage, uuid4(), lane, 1)
-        claimed = [(await self.claim_one(storage, lane)).id for _ in range(20)]
+        claimed = [(await self.claim_one(storage, lane)).id for _ in range(2)]
         assert item.id in claimed
+
+    async def test_one_slot_claims_serve_the_due_tenants_in_turn(
+        self, storage: WorkStorageInterface, lane: str
+    ) -> None:
+        """One-slot claims go round the due tenants by id (`OneSlotTurns`): over three
+        tenants of three items each, every round of three claims takes one item of each
+        tenant, in the same order each round, and each tenant's oldest first."""
+        orgs = (uuid4(), uuid4(), uuid4())
+        backlogs = {org: await self.backlog(storage, org, lane, 3) for org in orgs}
+        claimed = [await self.claim_one(storage, lane) for _ in range(9)]
+        rounds = [[c.org_id for c in claimed[n : n + 3]] for n in (0, 3, 6)]
+        assert sorted(rounds[0]) == sorted(backlogs)
+        assert rounds[1] == rounds[0]
+        assert rounds[2] == rounds[0]
+        for org, items in backlogs.items():
+            assert [c.id for c in claimed if c.org_id == org] == [i.id for i in oldest_first(items)]

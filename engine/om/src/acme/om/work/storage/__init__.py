@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from acme.om.work.types.lanes import LanePause, WorkerBeat
 from acme.om.work.types.schedules import ScheduleState
@@ -152,6 +152,28 @@ class OwedAudit:
         """`<item id>:dead_lettered:<claim token>`: one entry per dead letter, however many
         processes write it."""
         return f"{self.id}:dead_lettered:{self.token}"
+
+
+class OneSlotTurns:
+    """Where a storage's one-slot claims stand in their round of each lane's due tenants:
+    a claim of one item takes the first due tenant after the id `after` gives, wrapping
+    round, and `took` records the tenant it took (docs/decisions/0037). Per storage, so
+    each process serves the tenants in turn; its first one-slot claim on a lane starts
+    after a random id."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, UUID] = {}
+
+    def after(self, lane: str) -> UUID:
+        """The tenant id the next one-slot claim on `lane` starts after."""
+        return self._last.get(lane) or uuid4()
+
+    def took(self, lane: str, limit: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Record the tenant of `rows`, what a claim of `limit` items on `lane` took, when
+        it was a one-slot claim that took one."""
+        if limit == 1 and rows:
+            found = rows[0]["org_id"]
+            self._last[lane] = found if isinstance(found, UUID) else UUID(str(found))
 
 
 class WorkStorageInterface(ABC):

@@ -19,6 +19,7 @@ from acme.om.work.storage import (
     UNREADABLE,
     Created,
     OldestSnapshot,
+    OneSlotTurns,
     OwedAudit,
     WorkStorageInterface,
 )
@@ -88,6 +89,7 @@ class MemoryWorkStorage(WorkStorageInterface):
         self._roster: dict[str, WorkerBeat] = {}  # the `work_workers` rows, by worker id
         self._lock = asyncio.Lock()
         self._clock = clock or utc_now
+        self._one_slot_turns = OneSlotTurns()
 
     def _after(self, seconds: float) -> datetime:
         return self._clock() + timedelta(seconds=seconds)
@@ -282,6 +284,12 @@ class MemoryWorkStorage(WorkStorageInterface):
                     and is_claimable(r, now)
                 ):
                     by_tenant.setdefault(r.org_id, []).append(r)
+            if limit == 1 and by_tenant:
+                # One slot: the next due tenant's turn (`OneSlotTurns`).
+                after = self._one_slot_turns.after(lane)
+                tenant = min(by_tenant, key=lambda org_id: (org_id <= after, org_id))
+                by_tenant = {tenant: by_tenant[tenant]}
+                self._one_slot_turns.took(lane, limit, [{"org_id": tenant}])
             turns: list[tuple[int, float, WorkItem]] = []
             for rows in by_tenant.values():
                 shuffle = random.random()

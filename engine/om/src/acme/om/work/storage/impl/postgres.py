@@ -48,6 +48,9 @@ from acme.om.work.storage.impl.postgres_statements import (
     INSERTS,
     NEW,
     UNREADABLE_DEAD_LETTER,
+    Statement,
+    claim_one_statement,
+    claim_one_values,
     claim_statement,
     claim_values,
     complete_values,
@@ -223,14 +226,15 @@ class PostgresWorkStorage(SqlWorkStorage):
         connection is closed."""
         if self._connections is None or not kinds or limit < 1:
             return await super().claim_next(lane, kinds, worker_id, lease, limit=limit)
-        claim = claim_statement(len(kinds), limit)
-        values = claim_values(lane, kinds, worker_id, lease)
+        after = self._one_slot_turns.after(lane)
+        claim, values = _claim(lane, kinds, worker_id, lease, limit, after)
         try:
             async with self._connections.statements(EMPTY_UUID, timeout_s=lease) as conn:
                 if conn is None:
                     return await super().claim_next(lane, kinds, worker_id, lease, limit=limit)
                 timeout_s = lease + CLAIM_TIMEOUT_GRACE_S
                 rows = await conn.fetch(claim.numbered, *values, timeout_s=timeout_s)
+                self._one_slot_turns.took(lane, limit, rows)
                 read = rows_read([dict(row) for row in rows])
                 dead = [await _dead_letter_unreadable(conn, row) for row in read.unreadable]
         except Unsent:
@@ -324,11 +328,12 @@ class PostgresWorkStorage(SqlWorkStorage):
         worker_id: str,
         lease_s: float,
         limit: int,
+        after: UUID,
     ) -> Sequence[Mapping[Any, Any]]:
-        """See `SqlWorkStorage._claim_rows`: `claim_statement`."""
-        claim = claim_statement(len(kinds), limit)
-        params = claim.params(claim_values(lane, kinds, worker_id, lease_s))
-        return [row._mapping for row in await conn.execute(claim.named, params)]
+        """See `SqlWorkStorage._claim_rows`: `claim_statement`, of one slot
+        `claim_one_statement`."""
+        claim, values = _claim(lane, kinds, worker_id, lease_s, limit, after)
+        return [row._mapping for row in await conn.execute(claim.named, claim.params(values))]
 
     async def _complete_rows(
         self, conn: AsyncConnection, claims: Sequence[tuple[UUID, UUID, UUID]]
@@ -424,3 +429,14 @@ async def _dead_letter_unreadable(conn: HeldConnection, row: UnreadableRow) -> U
     if not written:
         return None
     return UnreadableRow(row.id, row.org_id, row.column, row.reason, dict(written[0]))
+
+
+def _claim(
+    lane: str, kinds: Sequence[WorkKind], worker_id: str, lease_s: float, limit: int, after: UUID
+) -> tuple[Statement, list[Any]]:
+    """The claim of up to `limit` items and its values; of one, the turn of the first due
+    tenant after tenant id `after` (`claim_one_statement`)."""
+    if limit == 1:
+        values = claim_one_values(lane, kinds, worker_id, lease_s, after)
+        return claim_one_statement(len(kinds)), values
+    return claim_statement(len(kinds), limit), claim_values(lane, kinds, worker_id, lease_s)

@@ -384,13 +384,58 @@ def claim_statement(kinds: int, limit: int) -> Statement:
             f" shared AS MATERIALIZED ({_turns(lane, listed, 'LIMIT share.per_tenant')}"
             f" LIMIT {limit}),"
             f" picked AS (SELECT id FROM (SELECT id FROM shared UNION ALL {more}) AS turns"
-            f" LIMIT {limit})"
-            f" UPDATE work_items SET status = '{WorkStatus.CLAIMED.value}',"
-            f" attempts = work_items.attempts + 1, claimed_by = {worker_id},"
-            " claim_token = gen_random_uuid(), claimed_at = statement_timestamp(),"
-            f" lease_expires_at = statement_timestamp() + make_interval(secs => {lease_s}),"
-            f" note = NULL, updated_at = statement_timestamp(), updated_by = '{EMPTY_UUID}'"
-            f" WHERE work_items.id = ANY(ARRAY(SELECT id FROM picked)) RETURNING {_COLUMNS}"
+            f" LIMIT {limit}) {_claim_picked(worker_id, lease_s)}"
+        )
+
+    return statement(write, names, tuple(t.c))
+
+
+def _claim_picked(worker_id: str, lease_s: float | str) -> str:
+    """The claim's UPDATE of the rows its CTE `picked` lists, by primary key, for
+    `worker_id`: an attempt spent, a fresh token, a lease of `lease_s` seconds."""
+    return (
+        f"UPDATE work_items SET status = '{WorkStatus.CLAIMED.value}',"
+        f" attempts = work_items.attempts + 1, claimed_by = {worker_id},"
+        " claim_token = gen_random_uuid(), claimed_at = statement_timestamp(),"
+        f" lease_expires_at = statement_timestamp() + make_interval(secs => {lease_s}),"
+        f" note = NULL, updated_at = statement_timestamp(), updated_by = '{EMPTY_UUID}'"
+        f" WHERE work_items.id = ANY(ARRAY(SELECT id FROM picked)) RETURNING {_COLUMNS}"
+    )
+
+
+@cache
+def claim_one_statement(kinds: int) -> Statement:
+    """The claim of one item of `kinds` kinds (values: `claim_one_values`): the first due
+    item, in claim order, of the first due tenant after tenant id `after`, wrapping round,
+    so one-slot claims that pass each the tenant the last one took serve the due tenants
+    in turn (docs/decisions/0037). One index descent per kind, two when it wraps; SKIP
+    LOCKED; a paused lane's guard checked once."""
+    names = ["lane", "worker_id", "lease_s", "after", *(f"kind_{n}" for n in range(kinds))]
+
+    def write(p: Sequence[str]) -> str:
+        lane, worker_id, lease_s, after, *listed = p
+        rank = claim_rank_sql("w.available_at", "w.priority")
+        laps = []
+        for lap, side in enumerate((">", "<=")):
+            firsts = [
+                f"SELECT * FROM (SELECT w.id, w.org_id, {rank} AS rank FROM work_items w"
+                f" WHERE {_available('w', lane, [kind])}"
+                f" AND w.org_id {side} (SELECT org_id FROM after)"
+                " AND w.available_at <= statement_timestamp() AND w.deleted_at IS NULL"
+                " AND w.attempts < w.max_attempts"
+                f" ORDER BY w.org_id, {rank}, w.id LIMIT 1 FOR UPDATE SKIP LOCKED) AS k{n}"
+                for n, kind in enumerate(listed)
+            ]
+            # Of several kinds, the first tenant's first: each kind's is read in index order.
+            order = " ORDER BY org_id, rank, id LIMIT 1" if len(firsts) > 1 else ""
+            laps.append(f"(SELECT id FROM ({' UNION ALL '.join(firsts)}) AS lap_{lap}{order})")
+        return (
+            # `after` as an init plan, unknown to the planner whether bound or not: the cached
+            # generic plan then costs what a custom one does, so PostgreSQL keeps it.
+            f"WITH after AS MATERIALIZED (SELECT CAST({after} AS uuid) AS org_id),"
+            f" picked AS (SELECT id FROM ({' UNION ALL '.join(laps)}) AS laps"
+            f" WHERE NOT EXISTS (SELECT 1 FROM work_lane_pauses WHERE lane = {lane}) LIMIT 1)"
+            f" {_claim_picked(worker_id, lease_s)}"
         )
 
     return statement(write, names, tuple(t.c))
@@ -413,6 +458,13 @@ def _turns(lane: str, kinds: Sequence[str], bound: str, exclude: str = "") -> st
 def claim_values(lane: str, kinds: Sequence[WorkKind], worker_id: str, lease_s: float) -> list[Any]:
     """`claim_statement(len(kinds), limit)`'s parameters."""
     return [lane, worker_id, lease_s, *(kind.value for kind in kinds)]
+
+
+def claim_one_values(
+    lane: str, kinds: Sequence[WorkKind], worker_id: str, lease_s: float, after: UUID
+) -> list[Any]:
+    """`claim_one_statement(len(kinds))`'s parameters."""
+    return [lane, worker_id, lease_s, after, *(kind.value for kind in kinds)]
 
 
 def _complete_sql(p: Sequence[str]) -> str:

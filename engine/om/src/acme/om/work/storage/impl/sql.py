@@ -41,6 +41,7 @@ from acme.om.types import EMPTY_UUID
 from acme.om.work.storage import (
     UNREADABLE,
     Created,
+    OneSlotTurns,
 )
 from acme.om.work.storage.impl.sql_operator import (
     SqlOperatorStatements,
@@ -109,6 +110,7 @@ class SqlWorkStorage(SqlOperatorStatements):
     def __init__(self, funnel: StorageFunnel) -> None:
         super().__init__(funnel)
         self._write_stmts: dict[tuple[bool, bool, bool, bool], Update] = {}
+        self._one_slot_turns = OneSlotTurns()
 
     @abstractmethod
     def _insert(self) -> Insert:
@@ -127,11 +129,12 @@ class SqlWorkStorage(SqlOperatorStatements):
         worker_id: str,
         lease_s: float,
         limit: int,
+        after: UUID,
     ) -> Sequence[Mapping[Any, Any]]:
         """The claim as one statement in `conn`'s transaction: up to `limit` due rows of
-        `lane` and `kinds` in the claim's order (`WorkStorageInterface.claim_next`), each
-        claimed by `worker_id` for `lease_s` seconds under a fresh token; the rows as
-        written."""
+        `lane` and `kinds` in the claim's order (`WorkStorageInterface.claim_next`; one
+        slot: the first due tenant after tenant id `after`, `OneSlotTurns`), each claimed
+        by `worker_id` for `lease_s` seconds under a fresh token; the rows as written."""
 
     @abstractmethod
     async def _complete_rows(
@@ -416,8 +419,11 @@ class SqlWorkStorage(SqlOperatorStatements):
         """
         if not kinds or limit < 1:
             return WorkRows()
+        after = self._one_slot_turns.after(lane)
         async with self._session(DatabaseRole.QUEUE, EMPTY_UUID) as conn:
-            read = rows_read(await self._claim_rows(conn, lane, kinds, worker_id, lease, limit))
+            rows = await self._claim_rows(conn, lane, kinds, worker_id, lease, limit, after)
+            self._one_slot_turns.took(lane, limit, rows)
+            read = rows_read(rows)
             dead = [await self._dead_letter_unreadable(conn, row) for row in read.unreadable]
         items = sorted(read, key=claim_order)
         return WorkRows(items, [row for row in dead if row is not None])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import cached_property
 from typing import Any, ClassVar
@@ -12,6 +12,7 @@ from sqlalchemy import (
     ColumnElement,
     Float,
     Insert,
+    Subquery,
     Text,
     Update,
     Uuid,
@@ -84,6 +85,7 @@ class SqliteWorkStorage(SqlWorkStorage):
         worker_id: str,
         lease_s: float,
         limit: int,
+        after: UUID,
     ) -> Sequence[Mapping[Any, Any]]:
         """See `SqlWorkStorage._claim_rows`: `BEGIN IMMEDIATE` first, so the claim's
         transaction takes the database's write lock before it reads and a second claimer
@@ -98,19 +100,35 @@ class SqliteWorkStorage(SqlWorkStorage):
             "claim_lease": lease_s,
             "claim_limit": limit,
         }
+        if limit == 1:
+            params["claim_after"] = after
+            return [r._mapping for r in await conn.execute(self._claim_one_stmt, params)]
         return [r._mapping for r in await conn.execute(self._claim_stmt, params)]
 
     @cached_property
     def _claim_stmt(self) -> Update:
-        """One statement, `UPDATE ... WHERE id IN (SELECT ... LIMIT k) RETURNING`, built once
+        """`_claim_update` with tenants at one turn in random order."""
+        return self._claim_update(lambda due: (func.random(),))
+
+    @cached_property
+    def _claim_one_stmt(self) -> Update:
+        """`_claim_update` for one slot: the first due tenant after tenant id `claim_after`,
+        wrapping round (`OneSlotTurns`)."""
+        after = bindparam("claim_after", type_=t.c.org_id.type)
+        return self._claim_update(lambda due: (due.c.org_id <= after, due.c.org_id))
+
+    def _claim_update(
+        self, tenants: Callable[[Subquery], tuple[ColumnElement[Any], ...]]
+    ) -> Update:
+        """One statement, `UPDATE ... WHERE id IN (SELECT ... LIMIT k) RETURNING`
         (parameters prefixed `claim_`: one may not share a column's name in an UPDATE), run
         under the write lock `_claim_rows` took, so no two claimers can take one row.
 
         The order (docs/decisions/0037): each due row's turn is its place in its tenant's
         claim order (`ClaimRank`, then `available_at` and `id`: a Julian day rounds to
-        tenths of a millisecond); turns first, tenants at one turn in random order. It
-        reads every due row of the lane and kinds: the embedded database serves one
-        developer's backlog."""
+        tenths of a millisecond); turns first, tenants at one turn in the order `tenants`
+        gives over the due rows. It reads every due row of the lane and kinds: the embedded
+        database serves one developer's backlog."""
         now = self._now()
         turn = (
             func.row_number()
@@ -121,7 +139,7 @@ class SqliteWorkStorage(SqlWorkStorage):
             .label("turn")
         )
         due = (
-            select(t.c.id, turn)
+            select(t.c.id, t.c.org_id, turn)
             .where(
                 (t.c.status == WorkStatus.AVAILABLE.value)
                 & (t.c.lane == bindparam("claim_lane"))
@@ -136,7 +154,7 @@ class SqliteWorkStorage(SqlWorkStorage):
         )
         picked = (
             select(due.c.id)
-            .order_by(due.c.turn, func.random())
+            .order_by(due.c.turn, *tenants(due))
             .limit(bindparam("claim_limit"))
             .scalar_subquery()
         )
