@@ -157,7 +157,7 @@ class OwedAudit:
 class OneSlotTurns:
     """Where a storage's one-slot claims stand in their round of each lane's due tenants:
     a claim of one item takes the first due tenant after the id `after` gives, wrapping
-    round, and `took` records the tenant it took (docs/decisions/0037). Per storage, so
+    round, and `took` records the tenant it took (docs/decisions/0056). Per storage, so
     each process serves the tenants in turn; its first one-slot claim on a lane starts
     after a random id."""
 
@@ -315,7 +315,9 @@ class WorkStorageInterface(ABC):
         row. A paused lane (`pause_lane`) yields nothing: the statement itself excludes the
         lanes `work_lane_pauses` lists at its snapshot. The order (docs/decisions/0036,
         0037): tenants share first, each due tenant's first item before any tenant's second
-        (tenants at one turn in random order), and a tenant's own items by `claim_order`
+        (tenants at one turn in random order; a one-slot claim takes the next due tenant
+        after the one the storage's last one-slot claim took, `OneSlotTurns`, so those
+        serve the due tenants in turn), and a tenant's own items by `claim_order`
         (higher `priority` first, with aging, then the oldest `available_at`). A claim that
         leaves slots empty found no more due items.
 

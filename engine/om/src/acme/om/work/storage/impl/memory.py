@@ -274,7 +274,8 @@ class MemoryWorkStorage(WorkStorageInterface):
         async with self._lock:
             now = self._clock()
             # Each due row's turn is its place in its tenant's claim order; turns first,
-            # tenants at one turn in random order (docs/decisions/0037).
+            # tenants at one turn in random order; one slot, the next tenant's turn
+            # (docs/decisions/0037, 0056).
             by_tenant: dict[UUID, list[WorkItem]] = {}
             for r in self._rows.values():
                 if (
@@ -285,7 +286,7 @@ class MemoryWorkStorage(WorkStorageInterface):
                 ):
                     by_tenant.setdefault(r.org_id, []).append(r)
             if limit == 1 and by_tenant:
-                # One slot: the next due tenant's turn (`OneSlotTurns`).
+                # The first due tenant after the last one a one-slot claim took, wrapping.
                 after = self._one_slot_turns.after(lane)
                 tenant = min(by_tenant, key=lambda org_id: (org_id <= after, org_id))
                 by_tenant = {tenant: by_tenant[tenant]}

@@ -408,7 +408,7 @@ def claim_one_statement(kinds: int) -> Statement:
     """The claim of one item of `kinds` kinds (values: `claim_one_values`): the first due
     item, in claim order, of the first due tenant after tenant id `after`, wrapping round,
     so one-slot claims that pass each the tenant the last one took serve the due tenants
-    in turn (docs/decisions/0037). One index descent per kind, two when it wraps; SKIP
+    in turn (docs/decisions/0056). One index descent per kind, two when it wraps; SKIP
     LOCKED; a paused lane's guard checked once."""
     names = ["lane", "worker_id", "lease_s", "after", *(f"kind_{n}" for n in range(kinds))]
 
