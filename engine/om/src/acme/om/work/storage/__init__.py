@@ -269,16 +269,12 @@ class WorkStorageInterface(ABC):
         """Complete items held under their tokens, of any tenants, in one statement.
 
         `claims` is `(tenant id, item id, claim token)` triples. Each row is completed
-        (status `COMPLETED`, claim fields cleared, `completed_at` and `updated_at` the
-        storage's now, `updated_by` `EMPTY_UUID`) only where it is that tenant's, still
-        `CLAIMED` under that very token, with its lease not yet passed: the fence of
-        `write_item`, checked per row inside the statement, so batching many completions
-        never lets a stale holder's write land (River batches completions the same way, one
-        UPDATE over arrays: riverqueue/river `JobSetStateIfRunningMany`). One statement
-        whatever the tenants, as the claim that handed the rows out (docs/decisions/0054).
-        Returns the ids it completed; an id missing from the result lost its claim (another
-        holder, a sweep, a passed lease) or is not the named tenant's, and its row is left
-        as it stood.
+        (`COMPLETED`, claim fields cleared, `completed_at` the storage's now) only where it
+        is that tenant's, still `CLAIMED` under that very token, its lease not yet passed:
+        `write_item`'s fence, checked per row, so a stale holder's write never lands
+        (docs/decisions/0054; riverqueue/river's `JobSetStateIfRunningMany` batches alike).
+        Returns the ids it completed; a missing id lost its claim (another holder, a sweep,
+        a passed lease) or is not that tenant's, and its row is left as it stood.
         """
 
     def wake_ups(self) -> WakeUps | None:
