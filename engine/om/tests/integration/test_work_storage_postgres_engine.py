@@ -311,16 +311,6 @@ async def test_a_page_of_the_items_list_reads_an_index_in_the_lists_order(
         await owner.close()
 
 
-def _claims(lane: str, limit: int) -> tuple[postgres_statements.Statement, list[Any]]:
-    """The claim of `limit` items of `KIND` on `lane`, as a storage sends it, and its values
-    (one slot: after a random tenant id)."""
-    if limit == 1:
-        values = postgres_statements.claim_one_values(lane, [KIND], "w1", LEASE_S, uuid4())
-        return postgres_statements.claim_one_statement(1), values
-    values = postgres_statements.claim_values(lane, [KIND], "w1", LEASE_S)
-    return postgres_statements.claim_statement(1, limit), values
-
-
 @pytest.mark.parametrize("limit", [1, 10])
 async def test_the_claim_reads_its_index_in_order_whatever_the_tenants_hold(
     pg_funnel: StorageFunnel, pg_owner_url: str, lane: str, limit: int
@@ -342,7 +332,7 @@ async def test_the_claim_reads_its_index_in_order_whatever_the_tenants_hold(
     for org in orgs:
         async with pg_funnel.session(DatabaseRole.QUEUE, org) as conn:
             await conn.execute(insert(work_items), [r for r in rows if r["org_id"] == org])
-    claim, values = _claims(lane, limit)
+    claim, values = postgres_statements.claim_for(lane, [KIND], "w1", LEASE_S, limit, uuid4())
     owner = await asyncpg.connect(asyncpg_dsn(pg_owner_url))
     try:
         await owner.execute("ANALYZE work_items")
@@ -428,7 +418,7 @@ async def test_the_claim_reuses_its_cached_generic_plan_which_reads_only_indexes
                 for n in range(start, start + 5_000)
             ]
             await conn.execute(insert(work_items), rows)
-    claim, values = _claims(lane, limit)
+    claim, values = postgres_statements.claim_for(lane, [KIND], "w1", LEASE_S, limit, uuid4())
     owner = await asyncpg.connect(asyncpg_dsn(pg_owner_url))
     try:
         await owner.execute("ANALYZE work_items")
@@ -807,7 +797,7 @@ async def test_a_claim_on_a_held_connection_that_stops_answering_fails_and_is_cl
     silent += " AND $4::uuid IS NOT NULL AND kind = $5 AND (SELECT count(*) FROM pg_sleep(3)) = 0"
     claim = dataclasses.replace(postgres_statements.claim_one_statement(1), numbered=silent)
     # Answers after 3 s, as a connection that stopped would.
-    monkeypatch.setattr(postgres, "claim_one_statement", lambda kinds: claim)
+    monkeypatch.setattr(postgres_statements, "claim_one_statement", lambda kinds: claim)
     began = time.monotonic()
     with pytest.raises(TimeoutError):
         await storage.claim_next(lane, [KIND], "w1", 0.5)

@@ -48,11 +48,7 @@ from acme.om.work.storage.impl.postgres_statements import (
     INSERTS,
     NEW,
     UNREADABLE_DEAD_LETTER,
-    Statement,
-    claim_one_statement,
-    claim_one_values,
-    claim_statement,
-    claim_values,
+    claim_for,
     complete_values,
     holders_values,
     insert_form,
@@ -211,7 +207,7 @@ class PostgresWorkStorage(SqlWorkStorage):
         *,
         limit: int = 1,
     ) -> WorkRows:
-        """See `SqlWorkStorage.claim_next`: the same statement (`claim_statement`), under the
+        """See `SqlWorkStorage.claim_next`: the same statement (`claim_for`), under the
         system scope, on a held connection when one is free; the dead letter of each
         unreadable row it claimed follows as a statement of its own, fenced on the claim's
         token (a process that stops in between leaves the row claimed until its lease ends;
@@ -227,7 +223,7 @@ class PostgresWorkStorage(SqlWorkStorage):
         if self._connections is None or not kinds or limit < 1:
             return await super().claim_next(lane, kinds, worker_id, lease, limit=limit)
         after = self._one_slot_turns.after(lane)
-        claim, values = _claim(lane, kinds, worker_id, lease, limit, after)
+        claim, values = claim_for(lane, kinds, worker_id, lease, limit, after)
         try:
             async with self._connections.statements(EMPTY_UUID, timeout_s=lease) as conn:
                 if conn is None:
@@ -330,9 +326,8 @@ class PostgresWorkStorage(SqlWorkStorage):
         limit: int,
         after: UUID,
     ) -> Sequence[Mapping[Any, Any]]:
-        """See `SqlWorkStorage._claim_rows`: `claim_statement`, of one slot
-        `claim_one_statement`."""
-        claim, values = _claim(lane, kinds, worker_id, lease_s, limit, after)
+        """See `SqlWorkStorage._claim_rows`: `claim_for`."""
+        claim, values = claim_for(lane, kinds, worker_id, lease_s, limit, after)
         return [row._mapping for row in await conn.execute(claim.named, claim.params(values))]
 
     async def _complete_rows(
@@ -429,14 +424,3 @@ async def _dead_letter_unreadable(conn: HeldConnection, row: UnreadableRow) -> U
     if not written:
         return None
     return UnreadableRow(row.id, row.org_id, row.column, row.reason, dict(written[0]))
-
-
-def _claim(
-    lane: str, kinds: Sequence[WorkKind], worker_id: str, lease_s: float, limit: int, after: UUID
-) -> tuple[Statement, list[Any]]:
-    """The claim of up to `limit` items and its values; of one, the turn of the first due
-    tenant after tenant id `after` (`claim_one_statement`)."""
-    if limit == 1:
-        values = claim_one_values(lane, kinds, worker_id, lease_s, after)
-        return claim_one_statement(len(kinds)), values
-    return claim_statement(len(kinds), limit), claim_values(lane, kinds, worker_id, lease_s)

@@ -320,6 +320,15 @@ def _available(alias: str, lane: str, kinds: Sequence[str]) -> str:
     )
 
 
+def _due(alias: str) -> str:
+    """The claim's filter beyond its index: `alias`'s row is due now, not discarded, and
+    has an attempt left (`rules.is_claimable`)."""
+    return (
+        f"{alias}.available_at <= statement_timestamp() AND {alias}.deleted_at IS NULL"
+        f" AND {alias}.attempts < {alias}.max_attempts"
+    )
+
+
 TENANT_WINDOW = 32
 """How many tenants with available items one claim considers at most, per kind, unless it
 has more slots (a window from a random tenant id on): a claim's skip scan costs one index
@@ -405,7 +414,7 @@ def _claim_picked(worker_id: str, lease_s: float | str) -> str:
 
 @cache
 def claim_one_statement(kinds: int) -> Statement:
-    """The claim of one item of `kinds` kinds (values: `claim_one_values`): the first due
+    """The claim of one item of `kinds` kinds (values: `claim_for`): the first due
     item, in claim order, of the first due tenant after tenant id `after`, wrapping round,
     so one-slot claims that pass each the tenant the last one took serve the due tenants
     in turn (docs/decisions/0056). One index descent per kind, two when it wraps; SKIP
@@ -420,9 +429,7 @@ def claim_one_statement(kinds: int) -> Statement:
             firsts = [
                 f"SELECT * FROM (SELECT w.id, w.org_id, {rank} AS rank FROM work_items w"
                 f" WHERE {_available('w', lane, [kind])}"
-                f" AND w.org_id {side} (SELECT org_id FROM after)"
-                " AND w.available_at <= statement_timestamp() AND w.deleted_at IS NULL"
-                " AND w.attempts < w.max_attempts"
+                f" AND w.org_id {side} (SELECT org_id FROM after) AND {_due('w')}"
                 f" ORDER BY w.org_id, {rank}, w.id LIMIT 1 FOR UPDATE SKIP LOCKED) AS k{n}"
                 for n, kind in enumerate(listed)
             ]
@@ -449,8 +456,7 @@ def _turns(lane: str, kinds: Sequence[str], bound: str, exclude: str = "") -> st
     return (
         "SELECT taken.id FROM share CROSS JOIN due CROSS JOIN LATERAL"
         f" (SELECT w.id FROM work_items w WHERE {_available('w', lane, kinds)}"
-        " AND w.org_id = due.org_id AND w.available_at <= statement_timestamp()"
-        f" AND w.deleted_at IS NULL AND w.attempts < w.max_attempts{exclude}"
+        f" AND w.org_id = due.org_id AND {_due('w')}{exclude}"
         f" ORDER BY {rank}, w.id {bound} FOR UPDATE SKIP LOCKED) AS taken"
     )
 
@@ -460,11 +466,16 @@ def claim_values(lane: str, kinds: Sequence[WorkKind], worker_id: str, lease_s: 
     return [lane, worker_id, lease_s, *(kind.value for kind in kinds)]
 
 
-def claim_one_values(
-    lane: str, kinds: Sequence[WorkKind], worker_id: str, lease_s: float, after: UUID
-) -> list[Any]:
-    """`claim_one_statement(len(kinds))`'s parameters."""
-    return [lane, worker_id, lease_s, after, *(kind.value for kind in kinds)]
+def claim_for(
+    lane: str, kinds: Sequence[WorkKind], worker_id: str, lease_s: float, limit: int, after: UUID
+) -> tuple[Statement, list[Any]]:
+    """The claim of up to `limit` items of `kinds` on `lane` and its values: of one slot
+    `claim_one_statement` (the first due tenant after tenant id `after`), else
+    `claim_statement`."""
+    if limit == 1:
+        values = [lane, worker_id, lease_s, after, *(kind.value for kind in kinds)]
+        return claim_one_statement(len(kinds)), values
+    return claim_statement(len(kinds), limit), claim_values(lane, kinds, worker_id, lease_s)
 
 
 def _complete_sql(p: Sequence[str]) -> str:
