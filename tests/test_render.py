@@ -112,6 +112,7 @@ MIGRATION_PATTERNS = [
         "work_items_workers",
         "work_items_listed",
         "work_items_next_tick",
+        "work_items_tenant_policy",
     )
     for path in (
         rf"sql/queue/\d{{14}}_{name}\.up\.sql",

@@ -379,6 +379,49 @@ async def test_the_claim_reads_its_index_in_order_whatever_the_tenants_hold(
         await owner.close()
 
 
+async def test_the_tenant_policies_leave_the_planner_its_row_estimates(
+    pg_funnel: StorageFunnel, pg_owner_url: str, pg_url: str, lane: str
+) -> None:
+    """Row-level security adds a table's tenant policy to every read of the application's
+    role, and the planner weighs it as any filter. Written as an OR it was estimated to keep
+    one row in two hundred, so one tenant's backlog looked too small to read in index order
+    (docs/decisions/0057); as a CASE on the scope the planner keeps at least two in five of
+    a tenant's 2,000 analyzed items, or schedule rows, under the system scope and its own."""
+    org = uuid4()
+    async with pg_funnel.session(DatabaseRole.QUEUE, org) as conn:
+        await conn.execute(insert(work_items), [stored_row(org, lane) for _ in range(2_000)])
+    owner = await asyncpg.connect(asyncpg_dsn(pg_owner_url))
+    app = await asyncpg.connect(asyncpg_dsn(pg_url))
+    reads = {
+        "work_items": f"SELECT * FROM work_items WHERE lane = '{lane}'",
+        "work_schedules": "SELECT * FROM work_schedules",
+    }
+    try:
+        async with owner.transaction():
+            await owner.execute("SELECT set_config('app.org_id', $1, true)", str(org))
+            await owner.execute(
+                "INSERT INTO work_schedules (org_id, schedule, tick_at, updated_at)"
+                " SELECT $1, $2 || ':' || n, now(), now() FROM generate_series(1, 2000) n",
+                org,
+                lane,
+            )
+        await owner.execute("ANALYZE work_items, work_schedules")
+        estimates = {}
+        for scope in (EMPTY_UUID, org):
+            await app.execute("SELECT set_config('app.org_id', $1, false)", str(scope))
+            for table, read in reads.items():
+                explained = await app.fetchval(f"EXPLAIN (FORMAT JSON) {read}")
+                estimates[table, scope] = json.loads(explained)[0]["Plan"]["Plan Rows"]
+        assert min(estimates.values()) >= 800, estimates
+    finally:
+        async with owner.transaction():
+            await owner.execute("SELECT set_config('app.org_id', $1, true)", str(org))
+            await owner.execute("DELETE FROM work_items WHERE org_id = $1", org)
+            await owner.execute("DELETE FROM work_schedules WHERE org_id = $1", org)
+        await owner.close()
+        await app.close()
+
+
 async def _plans_over(
     conn: asyncpg.Connection, sql: str, calls: list[list[Any]]
 ) -> tuple[tuple[int, int], list[list[Any]]]:
