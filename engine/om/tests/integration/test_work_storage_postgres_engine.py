@@ -464,7 +464,7 @@ async def test_the_claim_reuses_its_cached_generic_plan_which_reads_only_indexes
     claim, values = postgres_statements.claim_for(lane, [KIND], "w1", LEASE_S, limit, uuid4())
     owner = await asyncpg.connect(asyncpg_dsn(pg_owner_url))
     try:
-        await owner.execute("ANALYZE work_items")
+        await owner.execute("VACUUM ANALYZE work_items")
         await owner.execute("SELECT set_config('app.org_id', $1, false)", str(EMPTY_UUID))
         plans, found = await _plans_over(owner, claim.numbered, [values] * 8)
         assert [len(rows) for rows in found] == [limit] * 8

@@ -171,7 +171,9 @@ def test_each_hot_postgresql_statement_is_one_text_in_both_bind_styles() -> None
         named = clause.element if isinstance(clause, TextualSelect) else clause
         assert re.sub(r"\$(\d+)\b", name_of, statement.numbered) == named.text
     claim = postgres_statements.claim_statement(3, 10).numbered
-    assert "kind IN ($4, $5, $6)" in claim
+    # Its lane and kinds read through an init plan, (docs/decisions/0057).
+    assert "CAST($1 AS text) AS lane, CAST($4 AS text) AS kind_0" in claim
+    assert "kind IN ((SELECT kind_0 FROM args), (SELECT kind_1 FROM args)" in claim
     # The limit is written, never bound: a bound LIMIT keeps PostgreSQL planning each call.
     assert "LIMIT 10)" in claim
     assert "LIMIT $" not in claim

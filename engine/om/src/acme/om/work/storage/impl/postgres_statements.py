@@ -313,10 +313,12 @@ def holders_values(org_id: UUID, missing: Sequence[WorkItem]) -> list[Any]:
 
 def _available(alias: str, lane: str, kinds: Sequence[str]) -> str:
     """The claim index's predicate and leading columns for `alias`'s rows of `lane` and
-    `kinds` (`kind IN (...)`: for one kind an index condition, read in the index's order)."""
+    `kinds` (for one kind `kind = ...`, an index condition read in the index's order; for
+    several `kind IN (...)`)."""
+    kind = f"= {kinds[0]}" if len(kinds) == 1 else f"IN ({', '.join(kinds)})"
     return (
         f"{alias}.status = '{WorkStatus.AVAILABLE.value}' AND {alias}.lane = {lane}"
-        f" AND {alias}.kind IN ({', '.join(kinds)})"
+        f" AND {alias}.kind {kind}"
     )
 
 
@@ -327,6 +329,19 @@ def _due(alias: str) -> str:
         f"{alias}.available_at <= statement_timestamp() AND {alias}.deleted_at IS NULL"
         f" AND {alias}.attempts < {alias}.max_attempts"
     )
+
+
+def _args(lane: str, kinds: Sequence[str], after: str | None = None) -> tuple[str, str, list[str]]:
+    """A claim's CTE `args` of its lane, kinds (and tenant id `after`) as one row, with
+    the references to them: `(CTE, lane, kinds)`. Read through an init plan, a value is
+    unknown to the planner whether bound or not, so the cached generic plan costs what a
+    custom one does and PostgreSQL keeps it (docs/decisions/0053)."""
+    columns = [f"CAST({lane} AS text) AS lane"]
+    columns += [f"CAST({kind} AS text) AS kind_{n}" for n, kind in enumerate(kinds)]
+    if after is not None:
+        columns.append(f"CAST({after} AS uuid) AS after")
+    refs = [f"(SELECT kind_{n} FROM args)" for n in range(len(kinds))]
+    return f"args AS MATERIALIZED (SELECT {', '.join(columns)})", "(SELECT lane FROM args)", refs
 
 
 TENANT_WINDOW = 32
@@ -352,7 +367,8 @@ def claim_statement(kinds: int, limit: int) -> Statement:
     names = ["lane", "worker_id", "lease_s", *(f"kind_{n}" for n in range(kinds))]
 
     def write(p: Sequence[str]) -> str:
-        lane, worker_id, lease_s, *listed = p
+        lane_value, worker_id, lease_s, *kind_values = p
+        args, lane, listed = _args(lane_value, kind_values)
         window = max(TENANT_WINDOW, limit)
         scans, windows = [], []
         for n, kind in enumerate(listed):
@@ -383,7 +399,7 @@ def claim_statement(kinds: int, limit: int) -> Statement:
         # The slots the shares left, to the tenants' next items: read only when they did.
         more = _turns(lane, listed, f"LIMIT {limit}", " AND w.id NOT IN (SELECT id FROM shared)")
         return (
-            "WITH RECURSIVE start AS MATERIALIZED (SELECT gen_random_uuid() AS org_id),"
+            f"WITH RECURSIVE {args}, start AS MATERIALIZED (SELECT gen_random_uuid() AS org_id),"
             f" {', '.join(scans)},"
             f" tenants AS MATERIALIZED (SELECT org_id FROM ({found}) AS found"
             f" WHERE NOT EXISTS (SELECT 1 FROM work_lane_pauses WHERE lane = {lane})),"
@@ -422,14 +438,15 @@ def claim_one_statement(kinds: int) -> Statement:
     names = ["lane", "worker_id", "lease_s", "after", *(f"kind_{n}" for n in range(kinds))]
 
     def write(p: Sequence[str]) -> str:
-        lane, worker_id, lease_s, after, *listed = p
+        lane_value, worker_id, lease_s, after, *kind_values = p
+        args, lane, listed = _args(lane_value, kind_values, after)
         rank = claim_rank_sql("w.available_at", "w.priority")
         laps = []
         for lap, side in enumerate((">", "<=")):
             firsts = [
                 f"SELECT * FROM (SELECT w.id, w.org_id, {rank} AS rank FROM work_items w"
                 f" WHERE {_available('w', lane, [kind])}"
-                f" AND w.org_id {side} (SELECT org_id FROM after) AND {_due('w')}"
+                f" AND w.org_id {side} (SELECT after FROM args) AND {_due('w')}"
                 f" ORDER BY w.org_id, {rank}, w.id LIMIT 1 FOR UPDATE SKIP LOCKED) AS k{n}"
                 for n, kind in enumerate(listed)
             ]
@@ -437,9 +454,7 @@ def claim_one_statement(kinds: int) -> Statement:
             order = " ORDER BY org_id, rank, id LIMIT 1" if len(firsts) > 1 else ""
             laps.append(f"(SELECT id FROM ({' UNION ALL '.join(firsts)}) AS lap_{lap}{order})")
         return (
-            # `after` as an init plan, unknown to the planner whether bound or not: the cached
-            # generic plan then costs what a custom one does, so PostgreSQL keeps it.
-            f"WITH after AS MATERIALIZED (SELECT CAST({after} AS uuid) AS org_id),"
+            f"WITH {args},"
             f" picked AS (SELECT id FROM ({' UNION ALL '.join(laps)}) AS laps"
             f" WHERE NOT EXISTS (SELECT 1 FROM work_lane_pauses WHERE lane = {lane}) LIMIT 1)"
             f" {_claim_picked(worker_id, lease_s)}"
