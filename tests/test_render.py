@@ -112,7 +112,7 @@ MIGRATION_PATTERNS = [
         "work_items_workers",
         "work_items_listed",
         "work_items_next_tick",
-        "work_items_tenant_policy",
+        "work_items_policies",
     )
     for path in (
         rf"sql/queue/\d{{14}}_{name}\.up\.sql",
