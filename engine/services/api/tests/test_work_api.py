@@ -342,6 +342,31 @@ async def test_a_bulk_enqueue_inserts_each_payload_and_the_list_pages_by_cursor(
     )
 
 
+async def test_an_enqueue_takes_a_priority_in_range_and_refuses_one_out_of_it(
+    world: World,
+) -> None:
+    who = world.as_(world.admin)
+    one = await world.client.post(
+        enqueue_path(world.org_a), params={"priority": 7}, json=probe(), headers=who
+    )
+    assert (one.status_code, one.json()["priority"]) == (201, 7), one.text
+    bulk = await world.client.post(
+        f"{enqueue_path(world.org_a)}/bulk", params={"priority": -3}, json=[probe()], headers=who
+    )
+    assert bulk.status_code == 201, bulk.text
+    (item_id,) = bulk.json()["ids"]
+    read = await world.client.get(f"/v1/orgs/{world.org_a}/work/items/{item_id}", headers=who)
+    assert read.json()["priority"] == -3, read.text
+    default = await world.client.post(enqueue_path(world.org_a), json=probe(), headers=who)
+    assert default.json()["priority"] == 0
+    for path in (enqueue_path(world.org_a), f"{enqueue_path(world.org_a)}/bulk"):
+        body = probe() if path.endswith("items") else [probe()]
+        refused = await world.client.post(path, params={"priority": 11}, json=body, headers=who)
+        assert refused.status_code == 422, refused.text
+        assert "priority" in refused.text
+        assert "10" in refused.text
+
+
 async def test_dead_letters_are_replayed_by_filter_after_a_dry_run_count(world: World) -> None:
     ids = [await world.dead_letter() for _ in range(3)]
     path = f"/v1/orgs/{world.org_a}/work/dead-letters/replay"

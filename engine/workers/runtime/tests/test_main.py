@@ -287,6 +287,17 @@ def test_enqueue_refuses_a_count_below_one_or_above_the_most(
     assert "argument -n/--count:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("priority", ["11", "-11", "high"])
+def test_enqueue_refuses_a_priority_out_of_range(
+    capsys: pytest.CaptureFixture[str], priority: str
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        console(PROBE, ["enqueue", "--priority", priority])
+
+    assert refused.value.code == 2
+    assert "argument --priority:" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["items", "list"], ["dead-letters", "list"]], ids=" ".join)
 @pytest.mark.parametrize("limit", ["0", "-5", "99999999999999999999"])
 def test_a_list_refuses_a_limit_it_cannot_serve_before_it_opens_anything(
@@ -722,14 +733,13 @@ def test_an_org_that_is_no_live_tenant_is_refused_naming_the_option(
     )
 
 
-def test_create_tenant_says_what_it_created_and_the_enqueue_names_its_operator(
+def test_create_tenant_says_what_it_created_and_the_enqueue_names_operator_and_priority(
     backend: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     payload = json.dumps(sample_payload())
 
-    console(
-        PROBE, ["enqueue", "--create-tenant", "demo", "--operator", "alice", "--payload", payload]
-    )
+    enqueue = ["enqueue", "--create-tenant", "demo", "--operator", "alice", "--priority", "5"]
+    console(PROBE, [*enqueue, "--payload", payload])
 
     created, enqueued = capsys.readouterr().out.splitlines()
     label, org_id, name = created.split("\t")
@@ -737,7 +747,8 @@ def test_create_tenant_says_what_it_created_and_the_enqueue_names_its_operator(
     assert enqueued.startswith("enqueued   ")
     item_id = UUID(enqueued.split()[1])
     assert enqueued.split("\t")[1] == org_id
-    _, entries = _on_the_queue(lambda c: _state(c, UUID(org_id), item_id))
+    item, entries = _on_the_queue(lambda c: _state(c, UUID(org_id), item_id))
+    assert item.priority == 5
     operators = [(e.action, e.detail.get("operator")) for e in entries]
     assert operators == [(ENQUEUED_ACTION, "alice")]
     console(PROBE, ["tenants"])

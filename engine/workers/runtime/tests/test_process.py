@@ -785,3 +785,4 @@ async def test_serve_with_one_kind_claims_only_that_kind(
         assert (stored.status, stored.attempts) == (WorkStatus.AVAILABLE, 0)
         assert worker.script_lines("start", item.id) == 0
     assert f"serving {SECOND_KIND} on lane" in worker.tail()
+    assert "; schedules: none; /metrics" in worker.tail()

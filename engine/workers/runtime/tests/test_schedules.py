@@ -9,6 +9,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import cast
 from uuid import UUID, uuid4
 from zoneinfo import ZoneInfo
 
@@ -219,7 +220,7 @@ def test_a_time_that_does_not_exist_on_spring_forward_day_runs_at_the_first_vali
 
 
 async def test_after_downtime_the_latest_missed_tick_within_the_horizon_is_enqueued_once(
-    memory_queues: tuple[RuntimeContainer, RuntimeContainer],
+    memory_queues: tuple[RuntimeContainer, RuntimeContainer], caplog: pytest.LogCaptureFixture
 ) -> None:
     queue, _ = memory_queues
     (org,) = await tenants(queue, 1)
@@ -232,6 +233,12 @@ async def test_after_downtime_the_latest_missed_tick_within_the_horizon_is_enque
     assert len(await items_of(queue, org)) == 2
     name = "worker-probe:hourly"
     assert sample(restarted.metrics, "worker_schedule_ticks_missed_total", schedule=name) == 4
+    # The log says it too, once, where an operator looks first.
+    (warning,) = [r.getMessage() for r in caplog.records if "missed" in r.getMessage()]
+    assert warning == (
+        f"schedule {name}: 4 ticks missed for tenant {org} before"
+        " 2026-06-01T15:00:00+00:00 (this one enqueued late)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -300,6 +307,15 @@ async def test_a_schedule_for_one_tenant_enqueues_for_it_alone(
         (
             Schedule(name="nightly", cron="0 1 * * *", payload={"record_id": "x"}),
             "worker-probe: schedule 'nightly': payload.record_id:",
+        ),
+        (
+            Schedule(
+                name="nightly",
+                cron="0 1 * * *",
+                tenant=cast(UUID, "7207035f-0000-4000-8000-000000000000"),
+            ),
+            "worker-probe: schedule 'nightly': tenant '7207035f-0000-4000-8000-000000000000' "
+            "is a str, not a UUID: write tenant=UUID('...'), or None for each live tenant",
         ),
     ],
 )

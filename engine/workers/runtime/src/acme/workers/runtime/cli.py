@@ -31,6 +31,7 @@ from acme.infra.boot import boot
 from acme.infra.settings import InfraSettings
 from acme.om.errors import OmError
 from acme.om.work.storage.impl.sqlite_upgrade import SqliteFileOutdated
+from acme.om.work.types.policy import PRIORITY_MAX, PRIORITY_MIN
 from acme.om.work.types.work_item import WorkStatus
 from acme.workers.runtime.commands import MOST_AT_ONCE, Refused, run_operator_command
 from acme.workers.runtime.container import HostContractError
@@ -122,6 +123,19 @@ def _reason(text: str) -> str:
     return _printable_line(text, empty="give one printable line of 1-200 characters")
 
 
+def _priority(text: str) -> int:
+    """An argparse type: an item's priority, `PRIORITY_MIN` to `PRIORITY_MAX`."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not PRIORITY_MIN <= number <= PRIORITY_MAX:
+        raise argparse.ArgumentTypeError(
+            f"{number} is out of range; use {PRIORITY_MIN} to {PRIORITY_MAX}"
+        )
+    return number
+
+
 def _positive(text: str) -> int:
     """An argparse type: an integer from 1 to `MOST_AT_ONCE` (argparse turns the error into
     exit 2)."""
@@ -179,6 +193,12 @@ def _parser(worker: Worker, env_prefix: str) -> argparse.ArgumentParser:
         "--payload",
         default="{}",
         help="the payload as a JSON object, validated by the kind's payload model",
+    )
+    enqueue.add_argument(
+        "--priority",
+        type=_priority,
+        help=f"{PRIORITY_MIN} to {PRIORITY_MAX}, higher claimed first within the tenant"
+        " (default: the kind's)",
     )
 
     commands.add_parser("tenants", help="the live tenant ids, one a line (read-only)")

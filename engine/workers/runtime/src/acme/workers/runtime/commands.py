@@ -165,7 +165,13 @@ async def _enqueue(
         print(f"created tenant\t{org}\t{args.create_tenant}", flush=True)
     (ctx,) = await _contexts(container, rctx, org)
     new = [
-        WorkItem.new(org_id=ctx.org_id, kind=worker.kind, payload=payload, lane=settings.lane)
+        WorkItem.new(
+            org_id=ctx.org_id,
+            kind=worker.kind,
+            payload=payload,
+            lane=settings.lane,
+            priority=args.priority,
+        )
         for _ in range(args.count)
     ]
     items = await container.managers.work.enqueue_many(ctx, new)

@@ -108,13 +108,21 @@ def schedule_problem(
     schedule: Schedule, *, worker: str, kind: WorkKind, settings: RuntimeSettings
 ) -> str | None:
     """Why `schedule` cannot run, one line naming it, the worker and the fix; None when it
-    can. Checked at start, before anything is written: the expression, the zone, the
-    payload and the catch-up horizon against `COMPLETED_RETENTION`."""
+    can. Checked at start, before anything is written: the tenant's type, the expression,
+    the zone, the payload and the catch-up horizon against `COMPLETED_RETENTION`."""
     where = f"{worker}: schedule {schedule.name!r}"
     if not schedule.name.isidentifier() or schedule.name != schedule.name.lower():
         return f"{where}: name it in snake_case (letters, digits, underscores)"
     if len(schedule.name) > MAX_NAME_LENGTH:
         return f"{where}: name it in at most {MAX_NAME_LENGTH} characters"
+    # Typed UUID, but `loop.py` is not always type-checked: a string never equals a
+    # tenant's id, so the schedule would wait forever.
+    tenant: object = schedule.tenant
+    if tenant is not None and not isinstance(tenant, UUID):
+        return (
+            f"{where}: tenant {tenant!r} is a {type(tenant).__name__}, "
+            "not a UUID: write tenant=UUID('...'), or None for each live tenant"
+        )
     if len(schedule.cron.split()) != 5:
         return (
             f"{where}: cron {schedule.cron!r} needs five fields, minute hour day-of-month "
@@ -229,7 +237,9 @@ class Scheduler:
         """Pass until cancelled; a failed pass is logged and the next runs on time."""
         while True:
             try:
-                await self.tick_once()
+                enqueued = await self.tick_once()
+                if enqueued:
+                    logger.info("schedules of %s: %d ticks enqueued", self.worker, enqueued)
             except Exception:
                 logger.exception("schedule pass failed; the next pass runs on time")
             await asyncio.sleep(self._pause_s())
@@ -302,6 +312,14 @@ class Scheduler:
         self._known[known] = tick
         if decision.missed:
             self.metrics.ticks_missed.labels(schedule=name).inc(decision.missed)
+            logger.warning(
+                "schedule %s: %d ticks missed for tenant %s before %s (%s)",
+                name,
+                decision.missed,
+                ctx.org_id,
+                tick.isoformat(),
+                "this one enqueued late" if item is not None else "none enqueued",
+            )
         if item is None:
             return 0
         self.metrics.ticks_enqueued.labels(schedule=name).inc()

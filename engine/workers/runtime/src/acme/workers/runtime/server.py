@@ -169,7 +169,7 @@ async def serve(
     logger.info(
         "serving %s on lane %r, capacity %d%s; storage %s; cache and topics %s; wake-ups: %s; "
         "the sweep resumes parked records of: %s; the handlers' audit entries: %s; "
-        "/metrics and /healthz on http://%s:%d",
+        "schedules: %s; /metrics and /healthz on http://%s:%d",
         ", ".join(str(kind) for kind in claimed),
         settings.lane,
         settings.capacity,
@@ -185,6 +185,7 @@ async def serve(
         "in batches (append_many)"
         if isinstance(as_audit_manager(container.managers.audit), GroupCommitAudit)
         else "one session each (the audit manager has no append_many)",
+        ", ".join(schedule.key(worker.name) for schedule in worker.schedules) or "none",
         settings.metrics_host,
         settings.metrics_port,
     )

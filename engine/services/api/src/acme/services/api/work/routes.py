@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from acme.om.errors import Conflict, Invalid, NotFound
 from acme.om.work.rules import known_lanes, refuse_unclaimed_lane
 from acme.om.work.types.lanes import LanePause
+from acme.om.work.types.policy import PRIORITY_MAX, PRIORITY_MIN
 from acme.om.work.types.work_item import (
     WORK_PAYLOADS,
     UnreadableItem,
@@ -70,6 +71,14 @@ Limit = Annotated[int, Query(ge=1, le=200)]
 Delay = Annotated[
     float,
     Query(ge=0, le=31_536_000, allow_inf_nan=False, description="seconds before it is due"),
+]
+Priority = Annotated[
+    int | None,
+    Query(
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description="higher is claimed first within the tenant (default: the kind's)",
+    ),
 ]
 
 
@@ -322,6 +331,7 @@ def _add_enqueue_routes(into: APIRouter, kind: WorkKind, model: type[BaseModel])
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
         lane: str | None = None,
         delay_s: Delay = 0.0,
+        priority: Priority = None,
     ) -> ItemView:
         await _refuse_unclaimed_lane(found, member, kind, lane)
         item = WorkItem.new(
@@ -331,6 +341,7 @@ def _add_enqueue_routes(into: APIRouter, kind: WorkKind, model: type[BaseModel])
             lane=lane,
             delay=delay_s,
             idempotency_key=idempotency_key,
+            priority=priority,
         )
         stored = await found.work.enqueue(member.ctx, item)
         if stored.id != item.id:
@@ -350,11 +361,14 @@ def _add_enqueue_routes(into: APIRouter, kind: WorkKind, model: type[BaseModel])
         found: ManagersDep,
         lane: str | None = None,
         delay_s: Delay = 0.0,
+        priority: Priority = None,
     ) -> Enqueued:
         if not 1 <= len(body) <= MAX_BULK:
             raise Invalid(f"payloads: send 1 to {MAX_BULK} payloads, got {len(body)}")
         await _refuse_unclaimed_lane(found, member, kind, lane)
-        ids = await found.work.enqueue_bulk(member.ctx, kind, body, delay=delay_s, lane=lane)
+        ids = await found.work.enqueue_bulk(
+            member.ctx, kind, body, delay=delay_s, lane=lane, priority=priority
+        )
         await found.audit.append(
             member.ctx,
             action="work.enqueued_bulk",

@@ -38,6 +38,7 @@ class ItemView(BaseModel):
     last_error: str | None
     note: str | None
     idempotency_key: str | None
+    priority: int
 
     @classmethod
     def of(cls, item: WorkItem, *, frames: bool) -> "ItemView":
@@ -59,6 +60,7 @@ class ItemView(BaseModel):
             last_error=error,
             note=item.note,
             idempotency_key=item.idempotency_key,
+            priority=item.priority,
         )
 
 
