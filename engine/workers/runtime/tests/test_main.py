@@ -276,26 +276,21 @@ def test_a_list_that_finds_nothing_says_so_on_stderr(
     assert err.splitlines()[-1].startswith(f"no dead letters of kind {KIND} in ")
 
 
-@pytest.mark.parametrize("count", ["0", "-1", "two", "10001", "99999999999"])
-def test_enqueue_refuses_a_count_below_one_or_above_the_most(
-    capsys: pytest.CaptureFixture[str], count: str
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        *(("--count", count) for count in ("0", "-1", "two", "10001", "99999999999")),
+        *(("--priority", priority) for priority in ("11", "-11", "high")),
+    ],
+)
+def test_enqueue_refuses_a_count_or_a_priority_out_of_range(
+    capsys: pytest.CaptureFixture[str], option: str, value: str
 ) -> None:
     with pytest.raises(SystemExit) as refused:
-        console(PROBE, ["enqueue", "--count", count])
+        console(PROBE, ["enqueue", option, value])
 
     assert refused.value.code == 2
-    assert "argument -n/--count:" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("priority", ["11", "-11", "high"])
-def test_enqueue_refuses_a_priority_out_of_range(
-    capsys: pytest.CaptureFixture[str], priority: str
-) -> None:
-    with pytest.raises(SystemExit) as refused:
-        console(PROBE, ["enqueue", "--priority", priority])
-
-    assert refused.value.code == 2
-    assert "argument --priority:" in capsys.readouterr().err
+    assert f"argument {'-n/' if option == '--count' else ''}{option}:" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["items", "list"], ["dead-letters", "list"]], ids=" ".join)
