@@ -29,10 +29,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from acme.infra.boot import boot
 from acme.infra.settings import InfraSettings
-from acme.om.errors import OmError
+from acme.om.errors import Invalid, OmError
 from acme.om.work.storage.impl.sqlite_upgrade import SqliteFileOutdated
 from acme.om.work.types.policy import PRIORITY_MAX, PRIORITY_MIN
-from acme.om.work.types.work_item import WorkStatus
+from acme.om.work.types.work_item import WorkStatus, checked_priority
 from acme.workers.runtime.commands import MOST_AT_ONCE, Refused, run_operator_command
 from acme.workers.runtime.container import HostContractError
 from acme.workers.runtime.errors import escape_log_output
@@ -124,16 +124,13 @@ def _reason(text: str) -> str:
 
 
 def _priority(text: str) -> int:
-    """An argparse type: an item's priority, `PRIORITY_MIN` to `PRIORITY_MAX`."""
+    """An argparse type: an item's priority, by `checked_priority`'s rule."""
     try:
-        number = int(text)
+        return checked_priority(int(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not PRIORITY_MIN <= number <= PRIORITY_MAX:
-        raise argparse.ArgumentTypeError(
-            f"{number} is out of range; use {PRIORITY_MIN} to {PRIORITY_MAX}"
-        )
-    return number
+    except Invalid as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("priority: ")) from None
 
 
 def _positive(text: str) -> int:
