@@ -80,9 +80,10 @@ DRAIN_BOUND = 0.9
 MINUTE = float(os.environ.get("BENCH_SCALE_MINUTE", "60"))
 PHASES = os.environ.get("BENCH_SCALE_PHASES", "drain,curve,churn,reads,upgrade").split(",")
 
-# The claim statement's opening (postgres_statements.claim_statement), as
-# pg_stat_statements keeps it.
-CLAIM_QUERY = "WITH RECURSIVE start AS MATERIALIZED%"
+# What both claim statements (postgres_statements.claim_statement and claim_one_statement)
+# hold and no other statement does, as pg_stat_statements keeps them (it replaces constants
+# only): their UPDATE's fresh claim token. `drain` refuses a run that found no claim.
+CLAIM_QUERY = "%claim_token = gen_random_uuid(), claimed_at = statement_timestamp()%"
 
 
 async def claim_stats(conn: asyncpg.Connection) -> tuple[int, float, int]:
@@ -147,6 +148,11 @@ async def drain(
     finally:
         worker.stop()
     calls, ms, blocks = await claim_stats(conn)
+    if done and not calls:
+        raise SystemExit(
+            f"bench-scale: {done:,} items drained and no claim statement in"
+            f" pg_stat_statements: CLAIM_QUERY ({CLAIM_QUERY}) no longer matches the claim"
+        )
     elapsed = (finished or time.monotonic()) - started
     return {
         "items": done,

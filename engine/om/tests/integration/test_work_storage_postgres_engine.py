@@ -251,6 +251,56 @@ async def test_the_sweep_reads_the_rows_in_play_never_the_history(
         await owner.close()
 
 
+async def test_the_sweeps_queue_stats_read_a_big_backlog_through_its_indexes(
+    pg_funnel: StorageFunnel, pg_owner_url: str, lane: str
+) -> None:
+    """With a backlog as big as the rest of the table, the sweep's queue stats (the system
+    scope, every pass of every worker) still read the rows in play through their partial
+    indexes and compile no plan, under the settings their own transaction sets: left to
+    itself the planner read the whole table, history included (docs/decisions/0058)."""
+    storage = PostgresWorkStorage(pg_funnel)
+    org = uuid4()
+    done_at = datetime.now(UTC) - timedelta(hours=1)
+    rows = [stored_row(org, lane, status="COMPLETED", completed_at=done_at) for _ in range(5000)]
+    rows += [stored_row(org, lane) for _ in range(10_000)]
+    async with pg_funnel.session(DatabaseRole.QUEUE, org) as conn:
+        await conn.execute(insert(work_items), rows)
+    owner = await asyncpg.connect(asyncpg_dsn(pg_owner_url))
+    try:
+        await owner.execute("ANALYZE work_items")
+        sent: list[tuple[str, Any]] = []
+
+        def seen(*args: Any) -> None:
+            sent.append((args[2], args[3]))
+
+        engine = pg_funnel.engine(DatabaseRole.QUEUE).sync_engine
+        event.listen(engine, "before_cursor_execute", seen)
+        try:
+            stats = await storage.queue_stats(EMPTY_UUID)
+        finally:
+            event.remove(engine, "before_cursor_execute", seen)
+        assert sum(s.count for s in stats if s.lane == lane) == 10_000
+        # The statement and what its transaction set before it, the tenant aside.
+        (read, parameters) = next((sql, p) for sql, p in sent if "FROM work_items" in sql)
+        settings = [sql for sql, _ in sent if "set_config(" in sql and "app.org_id" not in sql]
+        async with owner.transaction():
+            await owner.execute("SELECT set_config('app.org_id', $1, true)", str(EMPTY_UUID))
+            for setting in settings:
+                await owner.execute(setting)
+            jit = await owner.fetchval("SHOW jit")
+            explained = await owner.fetchval(f"EXPLAIN (FORMAT JSON) {read}", *parameters)
+        (plan,) = json.loads(explained)
+        reads = _reads_of_work_items(plan["Plan"])
+        assert reads
+        assert not [r for r in reads if r[0] == "Seq Scan"], reads
+        assert jit == "off"
+    finally:
+        async with owner.transaction():
+            await owner.execute("SELECT set_config('app.org_id', $1, true)", str(org))
+            await owner.execute("DELETE FROM work_items WHERE org_id = $1", org)
+        await owner.close()
+
+
 def _sorts_of_work_items(plan: dict[str, Any]) -> list[dict[str, Any]]:
     """Every Sort node of `plan` with a read of work_items under it."""
     found = [plan] if plan["Node Type"] == "Sort" and _reads_of_work_items(plan) else []

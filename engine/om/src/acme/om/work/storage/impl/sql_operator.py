@@ -22,6 +22,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -62,6 +63,14 @@ from acme.om.work.types.work_item import (
 t = work_items
 pauses = work_lane_pauses
 roster = work_workers
+
+# The queue stats' plan, for their transaction: each part through its partial index. With
+# a big backlog in play the planner prices reading the whole table (history included) below
+# a bitmap scan of the rows in play, and compiles that plan (JIT) for seconds more
+# (docs/decisions/0058).
+_ROWS_IN_PLAY_PLAN = text(
+    "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"
+)
 
 # The columns of an owed audit entry, read as stored (the row may not validate).
 _OWED = (
@@ -469,7 +478,9 @@ class SqlOperatorStatements(WorkStorageInterface):
     async def queue_stats(self, org_id: UUID) -> list[LaneStats]:
         """See `WorkStorageInterface.queue_stats`: the rows in play only, each part matching
         one partial index's predicate (an `IN` over the statuses would not: PostgreSQL then
-        reads the whole table, history included)."""
+        reads the whole table, history included). The system scope's (the sweep's, every
+        pass) reads them through those indexes on PostgreSQL however many rows are in play
+        (`_ROWS_IN_PLAY_PLAN`)."""
         in_play = or_(
             t.c.status == WorkStatus.AVAILABLE.value,
             t.c.status == WorkStatus.CLAIMED.value,
@@ -489,6 +500,8 @@ class SqlOperatorStatements(WorkStorageInterface):
             t.c.lane, t.c.kind, t.c.status
         )
         async with self._session(DatabaseRole.QUEUE, org_id) as conn:
+            if self._funnel.dialect == "postgresql" and org_id == EMPTY_UUID:
+                await conn.execute(_ROWS_IN_PLAY_PLAN)
             rows = (await conn.execute(query)).all()
         return [
             LaneStats(
