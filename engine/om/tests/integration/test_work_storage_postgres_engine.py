@@ -14,6 +14,7 @@ and the migrations over a table that already holds such rows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -251,6 +252,41 @@ async def test_the_sweep_reads_the_rows_in_play_never_the_history(
         await owner.close()
 
 
+@contextlib.asynccontextmanager
+async def _analyzed_with(
+    funnel: StorageFunnel, owner_url: str, org: UUID, rows: list[dict[str, Any]]
+) -> AsyncIterator[asyncpg.Connection]:
+    """`rows` stored in tenant `org` and the table analyzed; yields the owner's connection,
+    and removes the tenant's rows at the end (later tests start without them)."""
+    async with funnel.session(DatabaseRole.QUEUE, org) as conn:
+        await conn.execute(insert(work_items), rows)
+    owner = await asyncpg.connect(asyncpg_dsn(owner_url))
+    try:
+        await owner.execute("ANALYZE work_items")
+        yield owner
+    finally:
+        async with owner.transaction():
+            await owner.execute("SELECT set_config('app.org_id', $1, true)", str(org))
+            await owner.execute("DELETE FROM work_items WHERE org_id = $1", org)
+        await owner.close()
+
+
+@contextlib.contextmanager
+def _statements_sent(funnel: StorageFunnel) -> Iterator[list[tuple[str, Any]]]:
+    """Every (SQL, parameters) the queue role's engine sends inside the block, in order."""
+    sent: list[tuple[str, Any]] = []
+
+    def seen(*args: Any) -> None:
+        sent.append((args[2], args[3]))
+
+    engine = funnel.engine(DatabaseRole.QUEUE).sync_engine
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+
+
 async def test_the_sweeps_queue_stats_read_a_big_backlog_through_its_indexes(
     pg_funnel: StorageFunnel, pg_owner_url: str, lane: str
 ) -> None:
@@ -263,22 +299,9 @@ async def test_the_sweeps_queue_stats_read_a_big_backlog_through_its_indexes(
     done_at = datetime.now(UTC) - timedelta(hours=1)
     rows = [stored_row(org, lane, status="COMPLETED", completed_at=done_at) for _ in range(5000)]
     rows += [stored_row(org, lane) for _ in range(10_000)]
-    async with pg_funnel.session(DatabaseRole.QUEUE, org) as conn:
-        await conn.execute(insert(work_items), rows)
-    owner = await asyncpg.connect(asyncpg_dsn(pg_owner_url))
-    try:
-        await owner.execute("ANALYZE work_items")
-        sent: list[tuple[str, Any]] = []
-
-        def seen(*args: Any) -> None:
-            sent.append((args[2], args[3]))
-
-        engine = pg_funnel.engine(DatabaseRole.QUEUE).sync_engine
-        event.listen(engine, "before_cursor_execute", seen)
-        try:
+    async with _analyzed_with(pg_funnel, pg_owner_url, org, rows) as owner:
+        with _statements_sent(pg_funnel) as sent:
             stats = await storage.queue_stats(EMPTY_UUID)
-        finally:
-            event.remove(engine, "before_cursor_execute", seen)
         assert sum(s.count for s in stats if s.lane == lane) == 10_000
         # The statement and what its transaction set before it, the tenant aside.
         (read, parameters) = next((sql, p) for sql, p in sent if "FROM work_items" in sql)
@@ -294,11 +317,6 @@ async def test_the_sweeps_queue_stats_read_a_big_backlog_through_its_indexes(
         assert reads
         assert not [r for r in reads if r[0] == "Seq Scan"], reads
         assert jit == "off"
-    finally:
-        async with owner.transaction():
-            await owner.execute("SELECT set_config('app.org_id', $1, true)", str(org))
-            await owner.execute("DELETE FROM work_items WHERE org_id = $1", org)
-        await owner.close()
 
 
 def _sorts_of_work_items(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -322,27 +340,13 @@ async def test_a_page_of_the_items_list_reads_an_index_in_the_lists_order(
     history = [
         stored_row(org, lane, status="COMPLETED", completed_at=done_at) for _ in range(4000)
     ] + [stored_row(org, lane) for _ in range(10)]
-    async with pg_funnel.session(DatabaseRole.QUEUE, org) as conn:
-        await conn.execute(insert(work_items), history)
-    owner = await asyncpg.connect(asyncpg_dsn(pg_owner_url))
-    try:
-        await owner.execute("ANALYZE work_items")
-        statements: list[tuple[str, Any]] = []
-
-        def seen(*args: Any) -> None:
-            if "FROM work_items" in args[2]:
-                statements.append((args[2], args[3]))
-
-        engine = pg_funnel.engine(DatabaseRole.QUEUE).sync_engine
-        event.listen(engine, "before_cursor_execute", seen)
-        try:
+    async with _analyzed_with(pg_funnel, pg_owner_url, org, history) as owner:
+        with _statements_sent(pg_funnel) as sent:
             page = await storage.list_items(org, limit=50)
             await storage.list_items(org, status=WorkStatus.COMPLETED, limit=50)
             last = page[-1]
             await storage.list_items(org, after=(last.created_at, last.id), limit=50)
-        finally:
-            event.remove(engine, "before_cursor_execute", seen)
-
+        statements = [(sql, parameters) for sql, parameters in sent if "FROM work_items" in sql]
         assert len(statements) == 3
         for statement, parameters in statements:
             async with owner.transaction():
@@ -354,11 +358,6 @@ async def test_a_page_of_the_items_list_reads_an_index_in_the_lists_order(
             reads = _reads_of_work_items(plan["Plan"])
             assert [index for _, index in reads] == ["ix_work_items_listed"], (statement, reads)
             assert _sorts_of_work_items(plan["Plan"]) == [], statement
-    finally:
-        async with owner.transaction():
-            await owner.execute("SELECT set_config('app.org_id', $1, true)", str(org))
-            await owner.execute("DELETE FROM work_items WHERE org_id = $1", org)
-        await owner.close()
 
 
 @pytest.mark.parametrize("limit", [1, 10])
