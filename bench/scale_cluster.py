@@ -73,15 +73,16 @@ def say(message: str) -> None:
     print(f"bench-scale: {message}", flush=True)
 
 
-def generate_sql(*, count: int, offset: int, status: str) -> str:
+def generate_sql(*, count: int, offset: int, status: str, total: int) -> str:
     """`count` rows of NOTIFY_SHIPMENT on lane `default`, row n of the run at tenant
     n mod TENANTS: `COMPLETED` history over the last day, or `AVAILABLE` items due over the
-    last 10 minutes, oldest first by n; `offset` continues n across chunks."""
+    last 10 minutes, oldest first by n; `offset` continues n across chunks of a run of
+    `total` rows (the spacing: every row of the run due, whatever its size)."""
     if status == "COMPLETED":
-        at = f"now() - interval '1 day' + g * interval '{86000.0 / max(HISTORY, 1):.9f} s'"
+        at = f"now() - interval '1 day' + g * interval '{86000.0 / max(total, 1):.9f} s'"
         completed, attempts = "at + interval '1 second'", 1
     else:
-        at = f"now() - interval '10 minutes' + g * interval '{500.0 / max(DUE, 1):.9f} s'"
+        at = f"now() - interval '10 minutes' + g * interval '{500.0 / max(total, 1):.9f} s'"
         completed, attempts = "NULL", 0
     return (
         "WITH o AS (SELECT array_agg(id ORDER BY id) AS ids FROM orgs WHERE name LIKE 'scale-%')"
@@ -156,7 +157,7 @@ class Scale:
         started = time.monotonic()
         for offset in range(0, count, CHUNK):
             size = min(CHUNK, count - offset)
-            await conn.execute(generate_sql(count=size, offset=offset, status=status))
+            await conn.execute(generate_sql(count=size, offset=offset, status=status, total=count))
             if count > CHUNK:
                 rate = (offset + size) / (time.monotonic() - started)
                 say(f"  {status}: {offset + size:,} of {count:,} ({rate:,.0f} rows/s)")

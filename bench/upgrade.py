@@ -340,7 +340,8 @@ async def _generate(conn: asyncpg.Connection) -> float:
     for status, count in (("COMPLETED", sc.HISTORY), ("AVAILABLE", sc.DUE)):
         for offset in range(0, count, sc.CHUNK):
             size = min(sc.CHUNK, count - offset)
-            await conn.execute(sc.generate_sql(count=size, offset=offset, status=status))
+            sql = sc.generate_sql(count=size, offset=offset, status=status, total=count)
+            await conn.execute(sql)
     await conn.execute("VACUUM ANALYZE work_items")
     return time.monotonic() - started
 
