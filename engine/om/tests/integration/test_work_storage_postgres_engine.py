@@ -197,24 +197,8 @@ async def test_the_sweep_reads_the_rows_in_play_never_the_history(
     history = [
         stored_row(org, lane, status="COMPLETED", completed_at=done_at) for _ in range(4000)
     ] + [stored_row(org, lane, status="FAILED") for _ in range(1000)]
-    async with pg_funnel.session(DatabaseRole.QUEUE, org) as conn:
-        await conn.execute(insert(work_items), history)
-    owner = await asyncpg.connect(asyncpg_dsn(pg_owner_url))
-    try:
-        await owner.execute("ANALYZE work_items")
-        statements: list[tuple[str, Any, str]] = []  # (SQL, parameters, the session's scope)
-        scope = [str(EMPTY_UUID)]
-
-        def seen(*args: Any) -> None:
-            statement, parameters = args[2], args[3]
-            if "set_config('app.org_id'" in statement:
-                scope[0] = str(parameters[0])
-            elif "work_items" in statement:
-                statements.append((statement, parameters, scope[0]))
-
-        engine = pg_funnel.engine(DatabaseRole.QUEUE).sync_engine
-        event.listen(engine, "before_cursor_execute", seen)
-        try:
+    async with _analyzed_with(pg_funnel, pg_owner_url, org, history) as owner:
+        with _statements_sent(pg_funnel) as sent:
             await storage.requeue_stale(org, None, 100)
             await storage.purge_deleted(org, 3600.0)
             await storage.purge_completed(org, 7 * 86400.0, 1000)
@@ -225,8 +209,13 @@ async def test_the_sweep_reads_the_rows_in_play_never_the_history(
             await storage.queue_stats(org)
             await storage.list_items(org, status=WorkStatus.FAILED, limit=50)
             await storage.recent_outcomes(org, window_s=3600.0, buckets=12)
-        finally:
-            event.remove(engine, "before_cursor_execute", seen)
+        statements: list[tuple[str, Any, str]] = []  # (SQL, parameters, the session's scope)
+        scope = str(EMPTY_UUID)
+        for statement, parameters in sent:
+            if "set_config('app.org_id'" in statement:
+                scope = str(parameters[0])
+            elif "work_items" in statement:
+                statements.append((statement, parameters, scope))
 
         assert len(statements) >= 5
         for statement, parameters, scoped_to in statements:
@@ -245,11 +234,6 @@ async def test_the_sweep_reads_the_rows_in_play_never_the_history(
                 if r[0] == "Seq Scan" or (r[0] != "Bitmap Heap Scan" and r[1] not in _PLAY_INDEXES)
             ]
             assert not wide, (statement, reads)
-    finally:
-        async with owner.transaction():  # the history goes: later tests start without it
-            await owner.execute("SELECT set_config('app.org_id', $1, true)", str(org))
-            await owner.execute("DELETE FROM work_items WHERE org_id = $1", org)
-        await owner.close()
 
 
 @contextlib.asynccontextmanager
